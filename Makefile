@@ -1,0 +1,37 @@
+# make demo / make test set up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+export HF_HUB_OFFLINE ?= 1
+export WANDB_MODE ?= offline
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup test test-slow demo bench lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow
+
+demo: $(VENV)/.installed
+	$(PY) -m rpt.demo --out runs/demo
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/objective_overhead.py
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check rpt tests benchmarks eval train.py sample.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,237 @@
+"""``RPTForCausalLM``: any Hugging Face causal LM plus the learned embedding of ``tau - sigma``.
+
+The wrapper adds one ``nn.Embedding(w + 1, hidden)`` (``offset_embedding``) to the token
+embeddings and feeds ``position_ids = sigma - 1`` to the base model (RoPE models rotate by them,
+GPT-2 style models look them up), so one network computes the NTP conditional and every PTP-l
+conditional of the permuted-window objective (see :mod:`rpt.objective`).
+
+The table is **zero-initialised**, so a freshly wrapped model computes exactly the base model's
+logits: fine-tuning starts from the pretrained NTP model, as in the paper.
+
+A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus two files,
+``rpt_config.json`` and ``rpt_offset_embedding.safetensors``; ``AutoModelForCausalLM`` still
+loads it (as the NTP model without the table's constant "+1" row).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.utils import ModelOutput, cached_file
+
+from rpt.objective import IGNORE_INDEX
+
+RPT_CONFIG_NAME = "rpt_config.json"
+RPT_TABLE_NAME = "rpt_offset_embedding.safetensors"
+RPT_FORMAT_VERSION = 1
+
+
+@dataclass
+class RPTOutput(ModelOutput):
+    """Model output plus the per-kind loss split.
+
+    ``kind_loss_sum[l]`` / ``kind_count[l]`` are the summed cross-entropy and the number of
+    labelled positions of kind ``l`` (0 = NTP, l = PTP-l); they add up across micro-batches and
+    processes, which the per-kind means do not.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    past_key_values: object | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+    ntp_loss: torch.Tensor | None = None
+    ptp_loss: torch.Tensor | None = None
+    kind_loss_sum: torch.Tensor | None = None
+    kind_count: torch.Tensor | None = None
+
+    def loss_dict(self) -> dict[str, float]:
+        """``{"loss", "ntp_loss", "ptp_loss_1", ...}`` as floats (NaN for a kind with no positions)."""
+        out = {"loss": float(self.loss.detach()), "ntp_loss": float(self.ntp_loss.detach())}
+        for l, v in enumerate(self.ptp_loss.detach().tolist(), start=1):
+            out[f"ptp_loss_{l}"] = v
+        return out
+
+
+def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor | None, window: int):
+    """Eq. 13 (mean CE over labelled positions) and the NTP / PTP-l split, without host syncs."""
+    valid = (labels != IGNORE_INDEX).to(per_token.dtype)
+    per_token = per_token * valid
+    loss = per_token.sum() / valid.sum().clamp(min=1.0)
+    kinds = torch.zeros_like(labels) if kinds is None else kinds
+    flat_kinds = kinds.reshape(-1).clamp(0, window - 1)
+    sums = torch.zeros(window, dtype=per_token.dtype, device=per_token.device)
+    sums = sums.scatter_add(0, flat_kinds, per_token.reshape(-1))
+    counts = torch.zeros_like(sums).scatter_add(0, flat_kinds, valid.reshape(-1))
+    means = torch.where(counts > 0, sums / counts.clamp(min=1.0), torch.full_like(sums, float("nan")))
+    return loss, means[0], means[1:], sums, counts
+
+
+class RPTForCausalLM(nn.Module):
+    """A causal LM that also predicts previous tokens inside a window of ``w`` tokens."""
+
+    def __init__(self, base: PreTrainedModel, window: int):
+        super().__init__()
+        if not isinstance(window, int) or window < 2:
+            raise ValueError(f"window must be an integer >= 2 (got {window!r}); the paper uses w=3")
+        self.lm = base
+        self.window = window
+        token_embedding = base.get_input_embeddings()
+        weight = token_embedding.weight
+        self.offset_embedding = nn.Embedding(window + 1, token_embedding.embedding_dim, device=weight.device, dtype=weight.dtype)
+        nn.init.zeros_(self.offset_embedding.weight)
+        # Host-side range check of offset_ids; a CUDA-graph decoder turns it off.
+        self.check_offsets = True
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_base(cls, model: PreTrainedModel, window: int) -> RPTForCausalLM:
+        """Wrap ``model`` with a zero offset table: logits are exactly the base model's."""
+        return cls(model, window)
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | os.PathLike, window: int | None = None, **hf_kwargs) -> RPTForCausalLM:
+        """Load an RPT checkpoint, or wrap a plain HF causal LM (then ``window`` is required).
+
+        ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
+        ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
+        smaller than the trained one (the table keeps all trained rows) but not larger.
+        """
+        path_or_id = str(path_or_id)
+        lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
+        config_file = cached_file(
+            path_or_id, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False, **lookup,
+        )
+        base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
+        if config_file is None:
+            if window is None:
+                raise ValueError(
+                    f"{path_or_id} is a plain causal LM, not an RPT checkpoint (no {RPT_CONFIG_NAME}); "
+                    "pass window=W to wrap it with a fresh zero offset table"
+                )
+            return cls.from_base(base, window)
+        with open(config_file) as f:
+            rpt_config = json.load(f)
+        trained = int(rpt_config["window"])
+        if window is not None and window > trained:
+            raise ValueError(
+                f"window={window} is larger than the window {trained} that {path_or_id} was trained with; "
+                f"use window <= {trained} or fine-tune with window={window}"
+            )
+        model = cls(base, trained)
+        table_file = cached_file(path_or_id, RPT_TABLE_NAME, **lookup)
+        table = load_file(table_file)["offset_embedding.weight"]
+        model.offset_embedding.weight.data.copy_(table.to(model.offset_embedding.weight.dtype))
+        return model
+
+    def save_pretrained(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **hf_kwargs) -> None:
+        """Write a normal HF checkpoint plus the offset table and ``rpt_config.json``.
+
+        ``state_dict`` (keys as in ``self.state_dict()``) lets a sharded run (DeepSpeed ZeRO-3)
+        pass its gathered weights.
+        """
+        os.makedirs(path, exist_ok=True)
+        if state_dict is None:
+            base_state, table = None, self.offset_embedding.weight.detach()
+        else:
+            base_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+            table = state_dict["offset_embedding.weight"]
+        self.lm.save_pretrained(path, state_dict=base_state, **hf_kwargs)
+        save_file({"offset_embedding.weight": table.detach().cpu().contiguous()}, os.path.join(path, RPT_TABLE_NAME))
+        rows = ["+1"] + [f"-{l}" for l in range(1, self.window)] + [f"+{self.window}"]
+        with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
+            json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION}, f, indent=2)
+
+    # ---- HF-like conveniences --------------------------------------------------------------
+    @property
+    def config(self):
+        return self.lm.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.offset_embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm.dtype
+
+    def gradient_checkpointing_enable(self, **kwargs) -> None:
+        # Non-reentrant: the inputs are embeddings computed outside the checkpointed blocks.
+        ckpt_kwargs = kwargs.pop("gradient_checkpointing_kwargs", None) or {"use_reentrant": False}
+        if hasattr(self.lm, "activation_checkpointing_enable"):
+            self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs, **kwargs)
+        else:
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        if hasattr(self.lm, "activation_checkpointing_disable"):
+            self.lm.activation_checkpointing_disable()
+        else:
+            self.lm.gradient_checkpointing_disable()
+
+    # ---- forward ---------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor, offset_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embedding plus offset embedding (row 0, the NTP "+1" offset, when none given)."""
+        embeds = self.lm.get_input_embeddings()(input_ids)
+        if offset_ids is None:
+            return embeds + self.offset_embedding.weight[0].to(embeds.dtype)
+        if self.check_offsets and not torch.compiler.is_compiling():
+            lo, hi = int(offset_ids.min()), int(offset_ids.max())
+            if lo < 0 or hi > self.window:
+                raise ValueError(
+                    f"offset_ids must index the {self.window + 1}-row offset table (0..{self.window}); got values in "
+                    f"[{lo}, {hi}]. Build them with rpt.objective.offset_to_row(tau - sigma, window)"
+                )
+        return embeds + self.offset_embedding(offset_ids).to(embeds.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        offset_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        labels: torch.Tensor | None = None,
+        kinds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> RPTOutput:
+        """Logits for every fed token; with ``labels`` (already aligned: ``labels[i] = x[tau_i]``,
+        no shift) the eq. 13 loss and its NTP / PTP-l split by ``kinds``.
+
+        Without ``position_ids`` / ``offset_ids`` this is plain next-token prediction.
+        """
+        inputs_embeds = self.embed(input_ids, offset_ids)
+        if position_ids is not None and attention_mask is None and past_key_values is None:
+            # transformers reads non-consecutive position_ids without a mask as packed documents
+            # and would cut the sequence at every swap; an explicit all-ones mask keeps it causal.
+            attention_mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
+        out = self.lm(
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        result = RPTOutput(
+            logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+            hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
+        )
+        if labels is not None:
+            logits = out.logits.float()
+            per_token = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+            ).view_as(labels)
+            loss, ntp, ptp, sums, counts = split_losses(per_token, labels, kinds, self.window)
+            result.loss, result.ntp_loss, result.ptp_loss = loss, ntp, ptp
+            result.kind_loss_sum, result.kind_count = sums, counts
+        return result

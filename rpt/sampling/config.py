@@ -1,0 +1,116 @@
+"""`SamplingConfig`: every decoding knob in one validated place.
+
+NTP proposals are shaped by penalties (repetition, frequency/presence, LZ) and then by the warpers
+(temperature, top-k, top-p, min-p); ``temperature == 0`` means greedy (the warpers are skipped).
+RPT (``rpt_iters > 0``) revisits the last ``rpt_window`` tokens with previous-token prediction and
+accepts a proposal only when its post-penalty probability exceeds ``confidence``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding knobs; invalid values raise ``ValueError`` at construction (and on ``validate()``)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    rpt_iters: int = 0  # k; 0 = plain NTP sampling
+    rpt_window: int = 2  # w: previous tokens revisited, at most the trained window
+    ptp_greedy: bool = True
+    confidence: float = 0.9  # eta: accept a PTP proposal when its probability exceeds this
+    repetition_penalty: float = 1.0  # CTRL form; 1 = off
+    frequency_penalty: float = 0.0  # OpenAI form over generated tokens; 0 = off
+    presence_penalty: float = 0.0  # OpenAI form over generated tokens; 0 = off
+    lz_penalty: float = 0.0  # alpha; 0 = off, paper default 0.15
+    lz_window: int = 512
+    lz_buffer: int = 32
+    lz_include_prompt: bool = False  # window over generated tokens only, as the reference penalizer
+    penalize_ptp: bool = True  # PTP proposals for x_j get the processors NTP had at position j
+    token_healing: bool = False
+    stop: list[str] = field(default_factory=list)
+    eos_token_id: int | list[int] | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        if isinstance(self.eos_token_id, tuple):
+            self.eos_token_id = list(self.eos_token_id)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field and how to fix it."""
+
+        def bad(name: str, fix: str) -> ValueError:
+            return ValueError(f"SamplingConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+        for name in ("max_new_tokens", "rpt_window", "lz_window", "lz_buffer"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise bad(name, "use an integer >= 1")
+        for name in ("top_k", "rpt_iters"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "use an integer >= 0 (0 turns it off)")
+        if self.rpt_window < 2:
+            raise bad("rpt_window", "RPT revisits at least one previous token; use 2 or 3")
+        for name in ("temperature", "top_p", "min_p", "confidence", "repetition_penalty",
+                     "frequency_penalty", "presence_penalty", "lz_penalty"):
+            if not _is_real(getattr(self, name)):
+                raise bad(name, "use a finite number")
+        if self.temperature < 0:
+            raise bad("temperature", "use 0 for greedy decoding or a positive temperature")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", "use a value in (0, 1]; 1 turns top-p off")
+        if not 0 <= self.min_p <= 1:
+            raise bad("min_p", "use a value in [0, 1]; 0 turns min-p off")
+        if not 0 <= self.confidence <= 1:
+            raise bad("confidence", "use a probability in [0, 1] (paper default 0.9)")
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", "use a value > 0; 1 turns it off, > 1 discourages repeats")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise bad(name, "use a value in [-2, 2] (OpenAI range); 0 turns it off")
+        if self.lz_penalty < 0:
+            raise bad("lz_penalty", "use alpha >= 0; 0 turns it off, paper default 0.15")
+        for name in ("ptp_greedy", "lz_include_prompt", "penalize_ptp", "token_healing"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "use True or False")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "use a list of non-empty strings, e.g. stop=['\\n\\n']")
+        eos = self.eos_token_id
+        eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(_is_int(i) and i >= 0 for i in eos_ids):
+            raise bad("eos_token_id", "use None, a token id >= 0, or a list of token ids")
+        if self.seed is not None and not _is_int(self.seed):
+            raise bad("seed", "use None or an integer")
+
+    @property
+    def greedy(self) -> bool:
+        """NTP takes the argmax of the processed logits (no warpers, no randomness)."""
+        return self.temperature == 0
+
+    @property
+    def deterministic(self) -> bool:
+        """The whole decode is a function of the prompt: greedy NTP and (no RPT or greedy PTP)."""
+        return self.greedy and (self.rpt_iters == 0 or self.ptp_greedy)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """``eos_token_id`` as a (possibly empty) list."""
+        eos = self.eos_token_id
+        return list(eos) if isinstance(eos, list) else [] if eos is None else [int(eos)]
