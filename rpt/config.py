@@ -1,0 +1,177 @@
+"""Training configuration: one dataclass, YAML files, ``key=value`` overrides, clear errors.
+
+A YAML file may start from another with ``base: other.yaml`` (a path relative to the file);
+keys it sets replace the base's. Command-line overrides use dotted keys for nested mappings
+(``model.hidden_size=128``) and YAML syntax for values (``lr=3e-4``, ``data=[...]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the key and the fix."""
+
+
+@dataclass
+class TrainConfig:
+    # model: an HF id, a local path, or a from-config spec {"model_type": "llama", ...}
+    model: Any = None
+    init_from: str | None = None  # start from this checkpoint's weights (RPT or plain HF)
+    tokenizer: Any = None  # id/path, {"train_bpe": {"vocab_size": N}}, or None = the model's
+    # data: one source or a list; each {"stdlib": {...}} | {"path": F, "text_field": "text"} |
+    # {"hub": NAME, "split": S, "text_field": T, "config": C, "streaming": bool}, with "weight"
+    data: Any = None
+    val_data: Any = None  # same forms; None = hold out val_fraction of the documents
+    val_fraction: float = 0.05
+    cache_dir: str = "runs/cache"
+    seq_len: int = 256
+    objective: str = "rpt"  # rpt | ntp
+    window: int = 3
+    s: float = 0.5
+    q: float = 0.02
+    micro_batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    max_grad_norm: float = 1.0
+    max_steps: int = 1000
+    eval_every: int = 100
+    eval_batches: int = 8
+    log_every: int = 10
+    save_every: int = 500
+    keep_last: int = 2
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 | None (HF default)
+    output_dir: str = "runs/default"
+    resume: str = "auto"  # auto | none | a checkpoint path
+    report_to: str = "none"  # none | wandb | tensorboard
+    project: str = "rpt"
+    run_name: str | None = None
+    plot: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+CHOICES = {
+    "objective": ("rpt", "ntp"),
+    "schedule": ("cosine", "linear", "constant"),
+    "precision": ("fp32", "bf16", "fp16"),
+    "report_to": ("none", "wandb", "tensorboard"),
+    "attn_implementation": (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
+}
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path} does not exist; pass --config configs/<name>.yaml")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must be a mapping of keys to values")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    merged = _load_yaml(os.path.join(os.path.dirname(path), base))
+    merged.update(raw)
+    return merged
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value (e.g. lr=3e-4)")
+    key, value = item.split("=", 1)
+    try:
+        parsed = yaml.safe_load(value) if value != "" else None
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def _coerce(name: str, value: Any) -> Any:
+    f = FIELDS[name]
+    typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if value is None or "Any" in typ:
+        return value
+    if typ.startswith("int") and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if typ.startswith("float") and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if typ.startswith("str") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    expected = {"int": int, "float": float, "bool": bool, "str": str}[typ.split(" ")[0]]
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {value!r}")
+    return value
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read ``path`` (YAML), apply ``key=value`` overrides, validate; errors name the key."""
+    raw = _load_yaml(path) if path else {}
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        target = raw
+        for k in keys[:-1]:
+            if not isinstance(target.get(k), dict):
+                target[k] = {}
+            target = target[k]
+        target[keys[-1]] = value
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown config key {unknown[0]!r}; known keys: {', '.join(sorted(FIELDS))}")
+    cfg = TrainConfig(**{k: _coerce(k, v) for k, v in raw.items()})
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    def bad(key: str, fix: str) -> ConfigError:
+        return ConfigError(f"config key {key!r} = {getattr(cfg, key)!r} is invalid: {fix}")
+
+    for key, allowed in CHOICES.items():
+        if getattr(cfg, key) not in allowed:
+            raise bad(key, f"use one of {', '.join(str(a) for a in allowed)}")
+    if cfg.model is None and cfg.init_from is None:
+        raise ConfigError("config key 'model' is missing: give an HF id, a local path, or {model_type: llama, ...}")
+    if isinstance(cfg.model, dict) and "model_type" not in cfg.model:
+        raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
+    if cfg.data is None:
+        raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
+    if cfg.window < 2:
+        raise bad("window", "use an integer >= 2 (the paper uses 3)")
+    for key in ("s", "q", "val_fraction", "min_lr_ratio"):
+        if not 0.0 <= getattr(cfg, key) <= 1.0:
+            raise bad(key, "use a value in [0, 1]")
+    for key in ("seq_len", "micro_batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "save_every", "keep_last"):
+        if getattr(cfg, key) < 1:
+            raise bad(key, "use an integer >= 1")
+    for key in ("warmup_steps", "eval_batches"):
+        if getattr(cfg, key) < 0:
+            raise bad(key, "use an integer >= 0")
+    if cfg.seq_len < cfg.window:
+        raise bad("seq_len", f"sequences must be at least the window ({cfg.window}) long")
+    if cfg.lr <= 0:
+        raise bad("lr", "use a positive learning rate")
+    if cfg.weight_decay < 0 or cfg.max_grad_norm < 0:
+        raise ConfigError("config keys 'weight_decay' and 'max_grad_norm' must be >= 0 (0 disables clipping)")
+    if cfg.resume not in ("auto", "none") and not os.path.isdir(cfg.resume):
+        raise bad("resume", "use auto, none, or an existing checkpoint directory")
+

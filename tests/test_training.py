@@ -1,0 +1,145 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from rpt.config import ConfigError, load_config
+from rpt.metrics import read_metrics
+from rpt.model import RPTForCausalLM
+from tests.train_helpers import ROOT, env, run_train, train_cmd, write_config
+
+
+def losses(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))}
+
+
+def test_train_end_to_end_writes_everything(tmp_path):
+    cfg = write_config(tmp_path, plot=True)
+    res = run_train(cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "run"
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    for key in ("loss", "ntp_loss", "ptp_loss_1", "ptp_loss_2", "lr", "grad_norm", "tokens_per_s"):
+        assert key in rows[-1], key
+    evals = [r for r in rows if "eval_ntp_loss" in r]
+    assert [r["step"] for r in evals] == [5, 10]
+    assert evals[-1]["eval_ntp_loss"] < evals[0]["eval_ntp_loss"]
+    assert evals[-1]["eval_ptp_loss_1"] is not None
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    # keep_last=2 checkpoints, final/ loadable with its tokenizer, the loss plot
+    assert sorted(os.listdir(run)) >= ["checkpoint-10", "checkpoint-5", "config.yaml", "final"]
+    model = RPTForCausalLM.from_pretrained(run / "final")
+    assert model.window == 3
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(run / "final")
+    assert tok.eos_token is not None
+    assert (run / "loss_curves.png").stat().st_size > 1000
+    assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
+
+
+def test_killed_run_resumes_exactly(tmp_path):
+    cfg = write_config(tmp_path, max_steps=40, save_every=20, log_every=1, seed=7, eval_every=100, eval_batches=0)
+    ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
+    ref = run_train(cfg, f"output_dir={ref_dir}")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    proc = subprocess.Popen(train_cmd(cfg, f"output_dir={cut_dir}"), env=env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (cut_dir / "checkpoint-20" / "trainer_state.json").exists():
+        assert proc.poll() is None, "training ended before checkpoint-20 appeared"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut_dir / "final").exists()
+
+    resumed = run_train(cfg, f"output_dir={cut_dir}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    a, b = losses(ref_dir), losses(cut_dir)
+    assert sorted(b) == list(range(1, 41))  # rows a killed run logged past step 20 were dropped
+    for step in range(21, 41):
+        assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
+
+
+def test_two_process_ddp_matches_single_process(tmp_path):
+    pytest.importorskip("accelerate")
+    cfg = write_config(tmp_path, max_steps=4, save_every=100, eval_batches=0, micro_batch_size=2)
+    single = run_train(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2")
+    assert single.returncode == 0, single.stderr[-3000:]
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    cmd = [accelerate, "launch", "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"),
+           "--main_process_port", "29517"]
+    cmd += train_cmd(cfg, f"output_dir={tmp_path / 'ddp'}")[1:]
+    ddp = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    replicas = json.loads((tmp_path / "ddp" / "replicas.json").read_text())
+    assert replicas["world_size"] == 2
+    fp = replicas["parameter_fingerprints"]
+    assert fp[0] == pytest.approx(fp[1], rel=0, abs=0)  # bitwise the same after DDP steps
+    a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4)
+
+
+def test_ntp_objective_equals_base_model_labels_loss(tmp_path):
+    from rpt.training import forward, make_batch
+    from tests.tiny_models import tiny_llama
+
+    cfg = load_config(write_config(tmp_path, objective="ntp"))
+    base = tiny_llama(vocab_size=300)
+    model = RPTForCausalLM.from_base(base, window=3)
+    rows = torch.randint(0, 300, (4, cfg.seq_len + 1))
+    with torch.no_grad():
+        ours = forward(model, make_batch(cfg, rows, step=1, micro_index=0)).loss
+        ref = base(rows, labels=rows).loss
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_config_overrides_and_base_inheritance(tmp_path):
+    base = write_config(tmp_path)
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"base": "config.yaml", "lr": 1e-4, "objective": "ntp"}))
+    cfg = load_config(str(child), ["max_steps=7", "model.hidden_size=64", "q=0.5"])
+    assert cfg.lr == 1e-4 and cfg.objective == "ntp" and cfg.max_steps == 7 and cfg.q == 0.5
+    assert cfg.model["hidden_size"] == 64 and cfg.model["num_hidden_layers"] == 2
+    assert load_config(base).max_steps == 10
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("learning_rate=1e-3", "unknown config key 'learning_rate'"),
+        ("window=1", "'window'"),
+        ("s=1.5", "'s'"),
+        ("q=-0.1", "'q'"),
+        ("objective=mlm", "'objective'"),
+        ("max_steps=ten", "'max_steps' must be int"),
+        ("precision=fp8", "'precision'"),
+        ("report_to=mlflow", "'report_to'"),
+        ("seq_len=2", "'seq_len'"),
+        ("resume=/no/such/dir", "'resume'"),
+    ],
+)
+def test_bad_config_values_name_the_key(tmp_path, override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write_config(tmp_path), [override])
+
+
+def test_bad_config_stops_with_one_clear_line(tmp_path):
+    res = run_train(write_config(tmp_path), "lerning_rate=3")
+    assert res.returncode == 2
+    lines = [line for line in res.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'lerning_rate'")
+    missing = run_train(str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
