@@ -6,7 +6,9 @@
 """
 
 import argparse
+import os
 import sys
+import traceback
 
 from rpt.config import ConfigError, load_config
 from rpt.data import DataError
@@ -27,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg)
     except (DataError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("RPT_TRACEBACK"):
+            traceback.print_exc()
+        print(f"error: {e} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
         return 2
     return 0
 

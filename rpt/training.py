@@ -173,7 +173,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     accelerator = Accelerator(
         # Without an accelerator device, accelerate only forms a multi-process (gloo) group when
         # told it runs on the CPU; with cpu=False each torchrun worker would train alone.
-        cpu=not torch.accelerator.is_available(),
+        cpu=not torch.accelerator.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true",
         mixed_precision=PRECISION[cfg.precision],
         gradient_accumulation_steps=cfg.grad_accum,
         log_with=None if cfg.report_to == "none" else cfg.report_to,
@@ -197,15 +197,16 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     model = build_model(cfg, tokenizer)
     model.train()
     optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ds_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if ds_plugin is not None:
         # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
         ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
         ds_plugin.deepspeed_config["gradient_accumulation_steps"] = cfg.grad_accum
+        ds_plugin.deepspeed_config["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
     model, optimizer = accelerator.prepare(model, optimizer)
-    # The scheduler stays unprepared (accelerate would step it once per process) and is
-    # checkpointed through register_for_checkpointing.
+    # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
+    # step it once per process); checkpointed through register_for_checkpointing.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     accelerator.register_for_checkpointing(scheduler)
 
     world, rank = accelerator.num_processes, accelerator.process_index

@@ -1,0 +1,86 @@
+"""Training throughput of ``objective=rpt`` against ``objective=ntp``, alternated in one process.
+
+    python benchmarks/train_overhead.py [--steps 12 --rounds 5 --device cpu --precision fp32]
+
+Same model, same packed batches, same optimizer; the two objectives take turns in blocks of
+``--steps`` optimizer steps so machine load affects both alike. Prints tokens/s of each and the
+ratio rpt / ntp (the goal is >= 0.98).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rpt.config import TrainConfig
+from rpt.model import RPTForCausalLM
+from rpt.training import build_optimizer, forward, make_batch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps per block")
+    ap.add_argument("--rounds", type=int, default=5, help="blocks per objective")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    cfg_model = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
+                            num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+                            max_position_embeddings=args.seq_len + 1)
+    model = RPTForCausalLM.from_base(LlamaForCausalLM(cfg_model), window=3).to(args.device).train()
+    configs = {
+        name: TrainConfig(model="bench", data="bench", objective=name, seq_len=args.seq_len, window=3, s=0.5, q=0.02,
+                          micro_batch_size=args.batch, lr=1e-4)
+        for name in ("ntp", "rpt")
+    }
+    optimizer = build_optimizer(model, configs["rpt"])
+    data = torch.randint(0, args.vocab, (args.batch * 8, args.seq_len + 1))
+    autocast = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    def block(name: str, round_index: int) -> float:
+        cfg = configs[name]
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            step = round_index * args.steps + i + 1
+            rows = data[(step % 8) * args.batch : (step % 8 + 1) * args.batch]
+            batch = make_batch(cfg, rows, step, 0).to(args.device)
+            with autocast:
+                out = forward(model, batch)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return args.steps * args.batch * args.seq_len / (time.perf_counter() - t0)
+
+    block("ntp", 0), block("rpt", 0)  # warm-up
+    rates: dict[str, list[float]] = {"ntp": [], "rpt": []}
+    for r in range(args.rounds):
+        order = ("ntp", "rpt") if r % 2 == 0 else ("rpt", "ntp")
+        for name in order:
+            rates[name].append(block(name, r + 1))
+    ntp, rpt = statistics.median(rates["ntp"]), statistics.median(rates["rpt"])
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"{params:.1f}M-param Llama, batch {args.batch} x {args.seq_len}, {args.device} {args.precision}, "
+          f"{args.rounds} alternating blocks of {args.steps} steps (median)")
+    print(f"objective=ntp: {ntp:10.0f} tokens/s")
+    print(f"objective=rpt: {rpt:10.0f} tokens/s   (w=3, s=0.5, q=0.02)")
+    print(f"rpt / ntp = {rpt / ntp:.3f}")
+
+
+if __name__ == "__main__":
+    main()
