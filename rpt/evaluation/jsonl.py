@@ -1,0 +1,63 @@
+"""Reading user-supplied JSONL with one clear error per bad input (file and line number)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+
+class EvalInputError(ValueError):
+    """Bad evaluation input: a missing file, a malformed line, a wrong or missing field."""
+
+
+def read_jsonl(
+    path: str | Path,
+    required: Iterable[str] = (),
+    validate: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Read a JSONL file of objects; blank lines are skipped.
+
+    ``required`` keys must be present on every line; ``validate(obj)`` may raise ``ValueError``
+    for anything else. Every problem is re-raised as :class:`EvalInputError` naming the line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise EvalInputError(f"{path}: file not found")
+    required = tuple(required)
+    records: list[dict] = []
+    with open(path, encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalInputError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise EvalInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            missing = [key for key in required if key not in obj]
+            if missing:
+                raise EvalInputError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+            if validate is not None:
+                try:
+                    validate(obj)
+                except ValueError as exc:
+                    raise EvalInputError(f"{path}:{lineno}: {exc}") from None
+            records.append(obj)
+    return records
+
+
+def first_groups(records: list[dict], key: str, limit: int | None) -> list[dict]:
+    """Keep the records of the first ``limit`` distinct ``key`` values, in input order."""
+    if limit is None:
+        return records
+    seen: set = set()
+    kept = []
+    for record in records:
+        if record[key] not in seen:
+            if len(seen) == limit:
+                continue
+            seen.add(record[key])
+        kept.append(record)
+    return kept
