@@ -1,0 +1,178 @@
+"""LZ penalty cost in a decode-like loop, side by side with one elementwise pass over the logits.
+
+Each step the context grows by one token (steady state: the window is already full) and we time, in
+one process, alternating step by step (in blocks on cuda) and taking medians:
+
+* ``sub_``      : ``scores.sub_(x)``, one elementwise pass over the ``[batch, V]`` logits (the yardstick);
+* ``sub``       : ``scores - x``, the same out of place (a fresh ``[batch, V]`` tensor, like any
+  out-of-place processor; on CPU its cost depends on the allocator: page faults when glibc maps
+  the buffer afresh);
+* ``processor`` : ``LZPenaltyLogitsProcessor`` as ``generate`` uses it (out of place; on CPU it
+  carries match lengths from step to step, O(batch * W));
+* ``inplace``   : the same with ``inplace=True`` (what a decoder that owns its logits can use);
+* ``scratch``   : in place, recomputing the match lengths every step, O(batch * W * B) (the GPU path);
+* ``dense``     : ``scores - alpha * lz_penalty(...)`` (the ``[batch, V]`` penalty materialised);
+* ``direct``    : the textbook ``[batch, V, W]`` comparison, chunked over V (a few steps only).
+
+Goal (issue 4): processor <= 2x ``sub_`` at V = 128256, batch 8, W = 512, B = 32, on random and on
+highly repetitive text. Run: ``python benchmarks/lz_penalty.py [--device cuda]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from rpt.sampling import LZPenaltyLogitsProcessor, lz_match_costs, lz_penalty
+
+
+def direct_penalty(ctx: torch.Tensor, vocab: int, window: int, buffer: int, chunk: int) -> torch.Tensor:
+    """``[batch, V]`` penalty via an explicit ``[batch, V-chunk, W]`` token == v comparison."""
+    tokens, cost, _ = lz_match_costs(ctx, window, buffer)
+    log_v = math.log2(vocab)
+    out = torch.empty(ctx.shape[0], vocab, device=ctx.device)
+    for lo in range(0, vocab, chunk):
+        v = torch.arange(lo, min(lo + chunk, vocab), device=ctx.device)
+        hit = tokens[:, None, :] == v[None, :, None]
+        best = torch.where(hit, cost[:, None, :], log_v).amin(-1)
+        out[:, lo:lo + len(v)] = log_v - best.clamp(0, log_v)
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(fn: Callable[[int], object], steps: range, device: torch.device) -> float:
+    """Mean seconds per call of ``fn(step)`` over ``steps``."""
+    sync(device)
+    t0 = time.perf_counter()
+    for s in steps:
+        fn(s)
+    sync(device)
+    return (time.perf_counter() - t0) / len(steps)
+
+
+def text(kind: str, rows: int, length: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "random":
+        return torch.randint(0, vocab, (rows, length), generator=gen)
+    period = torch.randint(0, vocab, (rows, 7), generator=gen)  # a 7-token loop, repeated
+    return period.repeat(1, length // 7 + 1)[:, :length]
+
+
+def run(kind: str, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    start = args.window + 1  # context already fills the window: the steady state of a long decode
+    total = start + args.steps * args.rounds
+    ids = text(kind, args.batch, args.prompt + total, args.vocab, gen).to(device)
+    scores = torch.randn(args.batch, args.vocab, generator=gen).to(device)
+    x = torch.rand(args.batch, args.vocab, generator=gen).to(device)
+    kw = dict(window=args.window, buffer=args.buffer, prompt_length=args.prompt)
+    proc = LZPenaltyLogitsProcessor(args.alpha, **kw)
+    proc_inplace = LZPenaltyLogitsProcessor(args.alpha, inplace=True, **kw)
+    proc_scratch = LZPenaltyLogitsProcessor(args.alpha, inplace=True, incremental=False, **kw)
+
+    def view(step: int) -> torch.Tensor:
+        return ids[:, : args.prompt + start + step]
+
+    def dense(step: int) -> torch.Tensor:
+        pen = lz_penalty(view(step)[:, args.prompt:], args.vocab, args.window, args.buffer)
+        return scores - args.alpha * pen
+
+    fns = {
+        "sub_": lambda s: scores.sub_(x),
+        "sub": lambda s: scores - x,
+        "processor": lambda s: proc(view(s), scores),
+        "inplace": lambda s: proc_inplace(view(s), scores),
+        "scratch": lambda s: proc_scratch(view(s), scores),
+        "dense": dense,
+    }
+    check = proc(view(0), scores)
+    torch.testing.assert_close(check, dense(0))
+    for fn in fns.values():  # warm-up
+        time_steps(fn, range(3), device)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    # Alternate variants step by step (blocks on cuda, where timing needs a sync) so that load
+    # changes on a shared machine hit every variant alike; report medians.
+    block = 1 if device.type == "cpu" else args.steps
+    for r in range(args.steps * args.rounds // block):
+        steps = range(r * block, (r + 1) * block)
+        for name, fn in fns.items():
+            times[name].append(time_steps(fn, steps, device))
+    result = {k: statistics.median(v) for k, v in times.items()}
+
+    def direct(step: int) -> torch.Tensor:
+        return direct_penalty(view(step)[:, args.prompt:], args.direct_vocab, args.window, args.buffer, args.chunk)
+
+    # its work is linear in V, so a run at a smaller V is scaled up to the full V
+    result["direct"] = time_steps(direct, range(args.direct_steps), device) * args.vocab / args.direct_vocab
+    return result
+
+
+def keep_heap_memory() -> bool:
+    """Ask glibc to serve [batch, V] buffers from the heap instead of fresh page-faulting mmaps.
+
+    Out-of-place variants allocate a 4 MB tensor per step; with glibc's defaults that allocation is
+    sometimes a fresh mapping whose ~1000 page faults cost more than the arithmetic, at random.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, 256 << 20) and libc.mallopt(-1, 512 << 20))  # M_MMAP_/M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--buffer", type=int, default=32)
+    ap.add_argument("--alpha", type=float, default=0.15)
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens (kept out of the window)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per round (default 50 cpu, 200 cuda)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds (cuda: one timed block per variant each)")
+    ap.add_argument("--direct-vocab", type=int, default=None,
+                    help="V actually run by the direct [batch,V,W] formulation (default: V on cuda, 16384 on cpu); "
+                         "its time is scaled to the full V")
+    ap.add_argument("--direct-steps", type=int, default=3)
+    ap.add_argument("--chunk", type=int, default=4096, help="V-chunk of the direct formulation (bounds memory)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--glibc-malloc", action="store_true", help="keep glibc's default mmap thresholds")
+    args = ap.parse_args()
+    heap = False if args.glibc_malloc else keep_heap_memory()
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.steps = args.steps or (200 if device.type == "cuda" else 50)
+    args.direct_vocab = args.direct_vocab or (args.vocab if device.type == "cuda" else 16384)
+    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} V={args.vocab} "
+          f"batch={args.batch} W={args.window} B={args.buffer} alpha={args.alpha}; "
+          f"{args.rounds} rounds of {args.steps} steps; direct formulation: V={args.direct_vocab} "
+          f"in chunks of {args.chunk}, {args.direct_steps} steps, time scaled to V={args.vocab}; "
+          f"large buffers from the heap: {heap}")
+    print(f"{'text':<11}{'sub_ us':>9}{'sub us':>9}{'proc us':>9}{'ratio':>7}{'/sub':>6}{'inplace':>9}{'ratio':>7}{'scratch':>9}{'ratio':>7}"
+          f"{'dense us':>10}{'ratio':>7}{'direct us':>11}{'speed-up':>10}")
+    for kind in ("random", "repetitive"):
+        r = run(kind, args, device)
+        us = {k: v * 1e6 for k, v in r.items()}
+        base = us["sub_"]
+        print(f"{kind:<11}{base:9.1f}{us['sub']:9.1f}{us['processor']:9.1f}{us['processor'] / base:7.2f}"
+              f"{us['processor'] / us['sub']:6.2f}"
+              f"{us['inplace']:9.1f}{us['inplace'] / base:7.2f}{us['scratch']:9.1f}{us['scratch'] / base:7.2f}"
+              f"{us['dense']:10.1f}{us['dense'] / base:7.2f}"
+              f"{us['direct']:11.0f}{us['direct'] / us['processor']:9.0f}x")
+    print("ratio = variant / sub_ (goal for the processor: <= 2); /sub = processor / out-of-place sub; "
+          "speed-up = direct / processor")
+
+
+if __name__ == "__main__":
+    main()

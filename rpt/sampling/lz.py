@@ -1,0 +1,283 @@
+r"""The LZ penalty (Ginart et al.): penalise each candidate token by how cheaply LZSS would code it.
+
+Definition (the per-token LZSS codelength of the cheapest match a candidate would create). Let
+:math:`c_1..c_m` be the last ``W`` tokens of the context (:math:`m \le W`). For each position j
+
+* :math:`s_j` = the largest :math:`s \le B` with :math:`c_{j-s..j-1} = c_{m-s+1..m}` (the common
+  suffix of the text before :math:`c_j` and of the whole context, inside the window);
+* :math:`L_j = s_j + 1` (match length if the next token were :math:`c_j`),
+  :math:`D_j = m + 1 - j` (its distance back from the next position);
+* :math:`\mathrm{cost}_j = (\log_2(D_j + 1) + \log_2 L_j) / L_j` bits per token.
+
+:math:`\mathrm{cost}(v) = \min_{j: c_j = v} \mathrm{cost}_j` (or :math:`\log_2 V` when v is not in the
+window), clamped to :math:`[0, \log_2 V]`, and :math:`\mathrm{penalty}(v) = \log_2 V - \mathrm{cost}(v)`.
+Sampling uses :math:`\ell_v \leftarrow \ell_v - \alpha\,\mathrm{penalty}(v)`. Paper defaults:
+:math:`\alpha = 0.15, W = 512, B = 32`.
+
+Cost: the match lengths take one ``[batch, B + 1, W]`` comparison (the window against its own last
+B tokens, via ``unfold``), or O(batch * W) per step when carried along a decode
+(:class:`LZMatchTracker`); ``cost_j`` is a lookup in a ``[B + 1, W]`` table; the per-token minimum is
+a ``scatter_reduce`` of W values per row. Nothing of size V x W exists, and the from-scratch path
+has no host synchronisation (static shapes, no ``.item()``), so it can be captured in a CUDA graph.
+The processor never builds the ``[batch, V]`` penalty: one scatter-min of ``logit - penalty_j`` over
+the <= W window positions rewrites the affected logits.
+
+Layout used throughout: the window's tokens in natural order, right-aligned, so column ``c`` of
+``m`` holds ``c_{c+1}`` at distance ``D = m - c``, with at most ``c`` tokens before it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import LogitsProcessor
+
+_PAD, _STOP = -1, -2  # "no token" (outside the window, or padding), and "never matches anything"
+
+
+def _check_sizes(window: int, buffer: int) -> None:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"LZ window={window!r} is invalid: use an integer >= 1 (paper default 512)")
+    if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
+        raise ValueError(f"LZ buffer={buffer!r} is invalid: use an integer >= 1 (paper default 32)")
+
+
+_TABLES: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def cost_table(window: int, buffer: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[B + 1, W]``: entry ``[s, c] = cost_j`` of a full window's column c (``D = W - c``) with
+    match length ``min(s, c)`` (a match cannot start before the window). Read the columns
+    ``W - m ..`` for a window of m tokens: ``table[:, W - m:].gather(0, s)``."""
+    key = (window, buffer, str(device))
+    if key not in _TABLES:
+        col = torch.arange(window, dtype=torch.float64)
+        length = torch.minimum(torch.arange(buffer + 1, dtype=torch.float64)[:, None], col) + 1
+        _TABLES[key] = ((torch.log2(window - col + 1) + torch.log2(length)) / length).float().to(device)
+    return _TABLES[key]
+
+
+def lz_match_lengths(
+    context: torch.Tensor, window: int = 512, buffer: int = 32, lengths: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Match lengths of the window.
+
+    Args:
+        context: ``[batch, T]`` token ids >= 0, right-aligned (the last column is the newest token).
+        window, buffer: W and B of the definition.
+        lengths: optional ``[batch]`` count of real tokens at the right end of each row (the columns
+            before them, e.g. left padding, are ignored).
+
+    Returns:
+        ``tokens [batch, m]`` = the last ``m = min(T, W)`` columns (gaps set to -1), ``s [batch, m]``
+        = ``s_j`` of each column, and ``valid [batch, m]`` (None when every column is real).
+    """
+    tokens = context[:, -window:]
+    rows, m = tokens.shape
+    valid = None
+    if lengths is not None:
+        valid = torch.arange(m, device=tokens.device) >= m - lengths.to(tokens.device).clamp(0, m)[:, None]
+        tokens = tokens.masked_fill(~valid, _PAD)
+    rev = tokens.flip(1)  # rev[:, u] = the token at distance u + 1
+    padded = torch.nn.functional.pad(rev, (0, buffer + 1), value=_PAD)
+    # Compare the B tokens before each token (rev[u + 1 + k], k = 0..B-1) with the context's own
+    # last B tokens (rev[k]); a last row that never matches makes argmin give s = B on full matches.
+    # Gaps need no care: a run of matches meets "real tail token vs gap" before reaching the tail's.
+    tail = torch.cat([padded[:, :buffer], padded.new_full((rows, 1), _STOP)], dim=1)
+    eq = padded.unfold(1, m, 1)[:, 1: buffer + 2] == tail[:, :, None]  # [rows, B + 1, m]
+    s = eq.view(torch.uint8).argmin(dim=1)  # the first mismatch (argmin returns the first minimum)
+    return tokens, s.flip(1), valid
+
+
+def _costs(s: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return table[:, table.shape[1] - s.shape[1]:].gather(0, s)
+
+
+def lz_match_costs(
+    context: torch.Tensor, window: int = 512, buffer: int = 32, lengths: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Like :func:`lz_match_lengths`, with ``cost_j`` (bits) in place of the match length."""
+    tokens, s, valid = lz_match_lengths(context, window, buffer, lengths)
+    return tokens, _costs(s, cost_table(window, buffer, tokens.device)), valid
+
+
+def _right_pack(context: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's real tokens (``mask`` True) to the right end, in order; gaps go left."""
+    order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices
+    return context.gather(1, order), mask.sum(dim=1)
+
+
+def lz_penalty(
+    context: torch.Tensor,
+    vocab_size: int,
+    window: int = 512,
+    buffer: int = 32,
+    lengths: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The ``[batch, V]`` LZ penalty (bits, in ``[0, log2 V]``) of the module docstring.
+
+    Args:
+        context: ``[batch, T]`` (or ``[T]``) token ids in ``[0, V)``, newest last.
+        vocab_size: V.
+        window, buffer: W (lookback) and B (maximum match length).
+        lengths: ``[batch]`` number of real tokens at the right end of each row (left padding).
+        mask: ``[batch, T]`` bool, True for real tokens (any pattern; gaps are squeezed out).
+
+    An empty context gives a zero penalty. Output is float32 on the context's device.
+    """
+    _check_sizes(window, buffer)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size={vocab_size} is invalid: use the model's vocabulary size (>= 1)")
+    if lengths is not None and mask is not None:
+        raise ValueError("pass either lengths or mask, not both")
+    if context.dtype.is_floating_point or context.dtype == torch.bool or context.dim() not in (1, 2):
+        raise ValueError(f"context must hold integer token ids as [T] or [batch, T], got {context.dtype} "
+                         f"{tuple(context.shape)}")
+    rows = context if context.dim() == 2 else context[None]
+    if mask is not None:
+        rows, lengths = _right_pack(rows, mask if mask.dim() == 2 else mask[None])
+    log_v = math.log2(vocab_size)
+    out = torch.full((rows.shape[0], vocab_size), log_v, dtype=torch.float32, device=rows.device)
+    if rows.shape[1] > 0:
+        tokens, cost, valid = lz_match_costs(rows, window, buffer, lengths)
+        if valid is not None:  # gaps write log2 V into column 0, which amin then ignores
+            cost = cost.masked_fill(~valid, log_v)
+            tokens = tokens.clamp(min=0)
+        out.scatter_reduce_(1, tokens, cost, reduce="amin", include_self=True)
+    penalty = log_v - out.clamp_(0.0, log_v)
+    return penalty if context.dim() == 2 else penalty[0]
+
+
+class LZMatchTracker:
+    r""":func:`lz_match_lengths` carried from call to call while the context grows by one token.
+
+    Appending ``x`` to the window ``t_0..t_{m-1}`` (natural order), the token after ``t_c`` gains a
+    one-token-longer match exactly when ``t_c = x``:
+    :math:`s'_{c+1} = [t_c = x]\min(s_c + 1, B)`, and the first token's is 0 (nothing before it in
+    the window; :func:`cost_table` keeps every match inside the window). O(batch * W) per step
+    instead of O(batch * W * B). A call that does not extend the previous one by one token (new
+    batch, a corrected earlier token, a shorter prefix) recomputes from scratch. The check reads
+    tensor contents on the host: meant for CPU decoding.
+    """
+
+    def __init__(self, window: int, buffer: int) -> None:
+        self.window, self.buffer = window, buffer
+        self._tokens: torch.Tensor | None = None
+        self._s = torch.empty(0, dtype=torch.long)
+
+    def _extends(self, context: torch.Tensor) -> bool:
+        seen = self._tokens
+        if seen is None or seen.shape[0] != context.shape[0] or seen.device != context.device:
+            return False
+        prev = context[:, :-1][:, -self.window:]
+        return prev.shape == seen.shape and torch.equal(prev, seen)
+
+    def __call__(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens`` and ``s`` as :func:`lz_match_lengths`, except that ``s`` of column c may exceed
+        c (a match reaching out of the window); :func:`cost_table` applies ``min(s, c)``."""
+        if context.shape[1] > 0 and self._extends(context):
+            new = context[:, -1:]
+            grown = (self._s + 1).clamp_(max=self.buffer).masked_fill_(self._tokens != new, 0)
+            w = self.window
+            self._s = torch.cat([grown.new_zeros(grown.shape[0], 1), grown], 1)[:, -w:]
+            self._tokens = torch.cat([self._tokens, new], 1)[:, -w:]
+        else:
+            self._tokens, self._s, _ = lz_match_lengths(context, self.window, self.buffer)
+            self._tokens = self._tokens.clone()  # the caller may reuse its buffer
+        return self._tokens, self._s
+
+
+class LZPenaltyLogitsProcessor(LogitsProcessor):
+    r"""Hugging Face logits processor: ``scores[v] -= penalty * lz_penalty(v)`` (see module docstring).
+
+    Args:
+        penalty: alpha >= 0 (paper default 0.15; 0 leaves the scores untouched).
+        window, buffer: W and B (paper defaults 512 and 32).
+        prompt_length: leading columns of ``input_ids`` kept out of the window: an int (the padded
+            prompt width, so only generated tokens count, as the reference penalizer), or a LongTensor
+            ``[batch]`` per row (e.g. just the left padding, to include the prompt). 0 = everything.
+        vocab_size: V in ``log2 V``; defaults to the width of ``scores``. Ids >= the scores width
+            are matched but never penalised (they cannot be sampled).
+        inplace: modify ``scores`` in place (saves one copy of the logits; off by default because
+            ``generate`` may keep the unprocessed logits around).
+        incremental: carry match lengths between calls (:class:`LZMatchTracker`) when the context
+            grew by one token. None (default) = only for CPU tensors with an int ``prompt_length``;
+            on GPU the from-scratch path is cheap, has no host synchronisation and can be captured
+            in a CUDA graph.
+    """
+
+    def __init__(
+        self,
+        penalty: float,
+        window: int = 512,
+        buffer: int = 32,
+        prompt_length: int | torch.Tensor = 0,
+        vocab_size: int | None = None,
+        inplace: bool = False,
+        incremental: bool | None = None,
+    ) -> None:
+        if not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
+            raise ValueError(f"LZ penalty alpha={penalty!r} is invalid: use alpha >= 0 (paper default 0.15)")
+        _check_sizes(window, buffer)
+        if isinstance(prompt_length, torch.Tensor):
+            if prompt_length.dim() != 1 or prompt_length.dtype.is_floating_point:
+                raise ValueError("prompt_length tensor must be a 1-D integer tensor [batch]")
+        elif not isinstance(prompt_length, int) or prompt_length < 0:
+            raise ValueError(f"prompt_length={prompt_length!r} is invalid: use an int >= 0 or a [batch] tensor")
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size!r} is invalid: use None or an integer >= 1")
+        self.penalty, self.window, self.buffer = float(penalty), window, buffer
+        self.prompt_length, self.vocab_size, self.inplace = prompt_length, vocab_size, inplace
+        self.incremental = incremental
+        self._tracker = LZMatchTracker(window, buffer)
+        self._table_key: tuple | None = None
+
+    def _window(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The columns that may enter the window and, for per-row prompts, their real lengths."""
+        if isinstance(self.prompt_length, int):
+            return input_ids[:, self.prompt_length:], None
+        if self.prompt_length.device != input_ids.device:  # once; later calls reuse the moved copy
+            self.prompt_length = self.prompt_length.to(input_ids.device)
+        if self.prompt_length.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"prompt_length has {self.prompt_length.shape[0]} rows, input_ids {input_ids.shape[0]}")
+        return input_ids, input_ids.shape[1] - self.prompt_length
+
+    def _match_lengths(
+        self, context: torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        on_cpu = context.device.type == "cpu"
+        if lengths is None and (on_cpu if self.incremental is None else self.incremental):
+            return (*self._tracker(context), None)
+        return lz_match_lengths(context, self.window, self.buffer, lengths)
+
+    def _penalty_table(self, log_v: float, device: torch.device) -> torch.Tensor:
+        """``alpha * max(log2 V - cost, 0)`` laid out as :func:`cost_table`; cached."""
+        if self._table_key != (log_v, device):
+            cost = cost_table(self.window, self.buffer, device)
+            self._table = (log_v - cost).clamp_(min=0.0).mul_(self.penalty)
+            self._table_key = (log_v, device)
+        return self._table
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        context, lengths = self._window(input_ids)
+        if self.penalty == 0 or context.shape[1] == 0:
+            return scores
+        width = scores.shape[-1]
+        tokens, s, valid = self._match_lengths(context, lengths)
+        pen = _costs(s, self._penalty_table(math.log2(self.vocab_size or width), scores.device))
+        idx = tokens
+        # Gaps and ids the logits cannot hold get penalty 0 at column 0, a no-op below. On the CPU
+        # a host read is free, so the common all-in-range case skips the masking.
+        if valid is not None or tokens.device.type != "cpu" or int(tokens.max()) >= width:
+            outside = tokens >= width if valid is None else (tokens >= width) | ~valid
+            pen = pen.masked_fill(outside, 0.0)
+            idx = tokens.masked_fill(outside, 0)
+        # min_j (l_v - pen_j) = l_v - max_j pen_j: one scatter-min applies each token's largest
+        # penalty however often it occurs (order-free, so deterministic); pen >= 0 makes
+        # include_self harmless.
+        current = scores.gather(1, idx)
+        new = current - pen if current.dtype == torch.float32 else (current.float() - pen).to(scores.dtype)
+        out = scores if self.inplace else scores.clone()
+        return out.scatter_reduce_(1, idx, new, reduce="amin", include_self=True)

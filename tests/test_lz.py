@@ -1,0 +1,313 @@
+"""The LZ penalty against a plain-loop implementation of its definition, and as an HF processor."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LogitsProcessorList
+
+import rpt.sampling.lz as lz_module
+from rpt.sampling import LZPenaltyLogitsProcessor, lz_penalty
+from tests.tiny_models import tiny_llama
+
+
+def brute_lz(context: list[int], vocab: int, window: int, buffer: int) -> torch.Tensor:
+    """The issue's definition, literally: 1-based c_1..c_m, loops over j and s."""
+    c = [None] + list(context[-window:]) if window else [None]
+    m = len(c) - 1
+    log_v = math.log2(vocab)
+    best: dict[int, float] = {}
+    for j in range(1, m + 1):
+        s = 0
+        while s < buffer and j - 1 - s >= 1 and c[j - 1 - s] == c[m - s]:
+            s += 1
+        length, dist = s + 1, m + 1 - j
+        cost = (math.log2(dist + 1) + math.log2(length)) / length
+        best[c[j]] = min(best.get(c[j], math.inf), cost)
+    out = torch.zeros(vocab, dtype=torch.float64)
+    for v, cost in best.items():
+        out[v] = log_v - min(max(cost, 0.0), log_v)
+    return out
+
+
+def periodic(rows: int, length: int, period: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    base = torch.randint(0, vocab, (rows, period), generator=gen)
+    return base.repeat(1, length // period + 1)[:, :length]
+
+
+def check_rows(ctx: torch.Tensor, vocab: int, window: int, buffer: int, got: torch.Tensor) -> None:
+    for r in range(ctx.shape[0]):
+        want = brute_lz(ctx[r].tolist(), vocab, window, buffer).float()
+        torch.testing.assert_close(got[r], want, atol=1e-5, rtol=1e-5)
+
+
+def test_worked_example():
+    p = lz_penalty(torch.tensor([5, 6, 7, 5, 6]), 16)
+    assert p.shape == (16,)
+    assert abs(p[7].item() - (4 - (2 + math.log2(3)) / 3)) < 1e-4 and abs(p[7].item() - 2.8050) < 1e-4
+    assert abs(p[5].item() - 2.4150) < 1e-4
+    assert abs(p[6].item() - 3.0) < 1e-4
+    assert p[9].item() == 0.0
+    assert torch.count_nonzero(p).item() == 3
+
+
+@pytest.mark.parametrize(
+    "vocab,window,buffer,length,rows",
+    [
+        (3, 8, 4, 30, 1),  # W < context, tiny alphabet: long matches everywhere
+        (3, 64, 32, 30, 32),  # W > context
+        (17, 16, 1, 50, 32),
+        (17, 512, 32, 200, 32),
+        (1000, 50, 8, 120, 1),
+        (50_000, 600, 32, 700, 1),
+        (50_000, 64, 32, 40, 32),
+    ],
+)
+def test_matches_definition_random(vocab, window, buffer, length, rows):
+    gen = torch.Generator().manual_seed(vocab + window + length)
+    ctx = torch.randint(0, vocab, (rows, length), generator=gen)
+    check_rows(ctx, vocab, window, buffer, lz_penalty(ctx, vocab, window, buffer))
+
+
+@pytest.mark.parametrize("period", [1, 2, 3, 7, 40])
+@pytest.mark.parametrize("window,buffer", [(512, 32), (20, 4), (100, 50)])
+def test_matches_definition_periodic(period, window, buffer):
+    gen = torch.Generator().manual_seed(period)
+    vocab = 50
+    ctx = periodic(4, 150, period, vocab, gen)
+    ctx[1, 70] = (ctx[1, 70] + 1) % vocab  # one glitch breaks the long match in one row
+    check_rows(ctx, vocab, window, buffer, lz_penalty(ctx, vocab, window, buffer))
+
+
+def test_rows_of_different_lengths_lengths_and_mask():
+    gen = torch.Generator().manual_seed(1)
+    vocab, window, buffer, width = 11, 24, 5, 40
+    lengths = torch.tensor([0, 1, 2, 13, 24, 25, 40, 7])
+    ctx = torch.randint(0, vocab, (len(lengths), width), generator=gen)
+    ctx[2:4] = periodic(2, width, 3, vocab, gen)
+    got = lz_penalty(ctx, vocab, window, buffer, lengths=lengths)
+    mask = torch.arange(width)[None] >= width - lengths[:, None]  # left padding
+    got_mask = lz_penalty(ctx, vocab, window, buffer, mask=mask)
+    for r, n in enumerate(lengths.tolist()):
+        want = brute_lz(ctx[r, width - n:].tolist(), vocab, window, buffer).float()
+        torch.testing.assert_close(got[r], want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_mask[r], want, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_never_extends_a_match():
+    # real tokens [y, x, y] after padding that continues the pattern: x's match is "y" (L = 2, D = 2),
+    # not "x y" reaching into the padding (L = 3).
+    x, y = 1, 2
+    ctx = torch.tensor([[x, y, x, y, x, y]])
+    got = lz_penalty(ctx, 4, 16, 8, lengths=torch.tensor([3]))
+    assert abs(got[0, x].item() - (2 - (math.log2(3) + 1) / 2)) < 1e-5
+    proc = LZPenaltyLogitsProcessor(1.0, 16, 8, prompt_length=torch.tensor([3]))
+    torch.testing.assert_close(proc(ctx, torch.zeros(1, 4)), -got)
+
+
+def test_mask_with_holes_drops_them():
+    gen = torch.Generator().manual_seed(2)
+    ctx = periodic(3, 60, 4, 9, gen)
+    mask = torch.rand(3, 60, generator=gen) > 0.3
+    got = lz_penalty(ctx, 9, 32, 8, mask=mask)
+    for r in range(3):
+        want = brute_lz(ctx[r][mask[r]].tolist(), 9, 32, 8).float()
+        torch.testing.assert_close(got[r], want, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_context_and_range():
+    assert torch.equal(lz_penalty(torch.zeros(3, 0, dtype=torch.long), 10), torch.zeros(3, 10))
+    assert torch.equal(lz_penalty(torch.tensor([[4, 4]]), 10, lengths=torch.tensor([0])), torch.zeros(1, 10))
+    p = lz_penalty(periodic(2, 300, 1, 5, torch.Generator().manual_seed(0)), 5)
+    assert (p >= 0).all() and (p <= math.log2(5) + 1e-6).all()
+    # one token repeated 300 times: a 33-long match (L = B + 1) one step back (D = 1) is cheapest
+    assert abs(p.max().item() - (math.log2(5) - (1 + math.log2(33)) / 33)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(window=0), "window"),
+        (dict(buffer=0), "buffer"),
+        (dict(window=2.5), "window"),
+        (dict(vocab_size=0), "vocab_size"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = dict(context=torch.tensor([[1, 2]]), vocab_size=8) | kwargs
+    with pytest.raises(ValueError, match=match):
+        lz_penalty(**args)
+
+
+def test_bad_processor_arguments():
+    with pytest.raises(ValueError, match="alpha"):
+        LZPenaltyLogitsProcessor(-0.1)
+    with pytest.raises(ValueError, match="window"):
+        LZPenaltyLogitsProcessor(0.1, window=0)
+    with pytest.raises(ValueError, match="buffer"):
+        LZPenaltyLogitsProcessor(0.1, buffer=0)
+    with pytest.raises(ValueError, match="prompt_length"):
+        LZPenaltyLogitsProcessor(0.1, prompt_length=-1)
+    with pytest.raises(ValueError, match="integer token ids"):
+        lz_penalty(torch.tensor([1.0, 2.0]), 4)
+
+
+@pytest.mark.parametrize("inplace,incremental", [(False, None), (True, None), (False, False)])
+def test_processor_equals_dense_penalty(inplace, incremental):
+    gen = torch.Generator().manual_seed(3)
+    rows, prompt, vocab, alpha = 5, 6, 300, 0.15
+    ids = torch.cat([torch.randint(0, vocab, (rows, prompt), generator=gen),
+                     periodic(rows, 50, 5, vocab, gen)], dim=1)
+    ids[0, -20:] = torch.randint(0, vocab, (20,), generator=gen)
+    scores = torch.randn(rows, vocab, generator=gen)
+    proc = LZPenaltyLogitsProcessor(alpha, window=32, buffer=8, prompt_length=prompt, inplace=inplace,
+                                    incremental=incremental)
+    want = scores - alpha * lz_penalty(ids[:, prompt:], vocab, 32, 8)
+    before = scores.clone()
+    got = proc(ids, scores)
+    torch.testing.assert_close(got, want)
+    assert (got is scores) == inplace
+    if not inplace:
+        assert torch.equal(scores, before)
+    # the scratch buffer is restored: a second call gives the same answer
+    other = ids.flip(1)
+    torch.testing.assert_close(proc(other, before.clone()), before - alpha * lz_penalty(other[:, prompt:], vocab, 32, 8))
+    torch.testing.assert_close(proc(ids, before.clone()), want)
+
+
+@pytest.mark.parametrize("window,buffer,period", [(24, 4, 3), (512, 32, 7), (16, 32, 1), (8, 2, 0)])
+def test_incremental_decode_loop_equals_definition(monkeypatch, window, buffer, period):
+    """Growing by one token per call, the carried match lengths equal a fresh computation."""
+    gen = torch.Generator().manual_seed(window + period)
+    rows, vocab, prompt, steps = 3, 20, 2, 90
+    seq = periodic(rows, prompt + steps, period, vocab, gen) if period else \
+        torch.randint(0, 4, (rows, prompt + steps), generator=gen)
+    seq[1, 40:45] = torch.randint(0, vocab, (5,), generator=gen)  # a row that leaves its loop a while
+    wants = [-lz_penalty(seq[:, prompt:t], vocab, window, buffer) for t in range(prompt + 1, prompt + steps + 1)]
+    fixed = seq.clone()
+    fixed[0, -3] = (fixed[0, -3] + 1) % vocab
+    others = [fixed, fixed[:, :50], fixed[:, :51], fixed[:2]]
+    others_want = [-lz_penalty(ids[:, prompt:], vocab, window, buffer) for ids in others]
+    calls = []
+    fresh = lz_module.lz_match_lengths
+    monkeypatch.setattr(lz_module, "lz_match_lengths", lambda *a, **k: calls.append(1) or fresh(*a, **k))
+    proc = LZPenaltyLogitsProcessor(1.0, window, buffer, prompt_length=prompt, incremental=True)
+    scores = torch.zeros(rows, vocab)
+    for t, want in zip(range(prompt + 1, prompt + steps + 1), wants):
+        torch.testing.assert_close(proc(seq[:, :t], scores), want)
+    assert len(calls) == 1  # one fresh computation, then updates only
+    # a corrected earlier token, a shorter prefix (PTP), another batch: recomputed, still exact
+    for ids, want in zip(others, others_want):
+        torch.testing.assert_close(proc(ids, scores[: len(ids)]), want)
+    assert len(calls) == 4
+    # a decoder writing into one buffer: a correction made in place is noticed too
+    buf = seq.clone()
+    for t in (60, 61):  # after a fresh computation, then after an update step
+        proc(buf[:, :t], scores)
+        buf[2, t - 3] = (buf[2, t - 3] + 1) % vocab
+        torch.testing.assert_close(proc(buf[:, :t + 1], scores),
+                                   -lz_penalty(buf[:, prompt:t + 1], vocab, window, buffer))
+
+
+def test_processor_per_row_prompt_length_and_include_prompt():
+    gen = torch.Generator().manual_seed(4)
+    vocab = 40
+    ids = periodic(3, 30, 3, vocab, gen)
+    starts = torch.tensor([0, 10, 29])
+    scores = torch.randn(3, vocab, generator=gen)
+    got = LZPenaltyLogitsProcessor(1.0, window=16, buffer=4, prompt_length=starts)(ids, scores)
+    for r, s in enumerate(starts.tolist()):
+        want = scores[r] - brute_lz(ids[r, s:].tolist(), vocab, 16, 4).float()
+        torch.testing.assert_close(got[r], want)
+    # every column is prompt: untouched
+    assert torch.equal(LZPenaltyLogitsProcessor(1.0, prompt_length=30)(ids, scores), scores)
+    assert torch.equal(LZPenaltyLogitsProcessor(0.0)(ids, scores), scores)
+
+
+def test_processor_bf16_and_ids_beyond_scores():
+    ids = torch.tensor([[1, 2, 9, 1, 2]])
+    scores = torch.zeros(1, 8, dtype=torch.bfloat16)  # id 9 exists in the embedding, not the head
+    got = LZPenaltyLogitsProcessor(1.0, vocab_size=16)(ids, scores)
+    want = -lz_penalty(ids, 16)[:, :8]
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=0)
+
+
+def test_no_host_sync_and_static_shapes():
+    """Meta tensors have no data: .item(), nonzero, unique or boolean indexing would raise here."""
+    ids = torch.randint(0, 100, (4, 40)).to("meta")
+    scores = torch.empty(4, 100, device="meta")
+    for pl in (3, torch.tensor([3, 5, 0, 40])):
+        assert LZPenaltyLogitsProcessor(0.15, 16, 4, prompt_length=pl)(ids, scores).shape == (4, 100)
+    assert lz_penalty(ids, 100, 16, 4, lengths=torch.tensor([1, 2, 3, 4], device="meta")).shape == (4, 100)
+
+
+class _MaxNumel(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.max = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.max = max(self.max, t.numel())
+        return out
+
+
+def test_nothing_of_size_vocab_times_window():
+    rows, vocab, window, buffer = 2, 50_000, 512, 32
+    ids = torch.randint(0, vocab, (rows, 600))
+    scores = torch.randn(rows, vocab)
+    proc = LZPenaltyLogitsProcessor(0.15, window, buffer)
+    with _MaxNumel() as probe:
+        proc(ids, scores)
+    assert probe.max <= max(rows * vocab, rows * window * buffer)
+    with _MaxNumel() as probe:
+        lz_penalty(ids, vocab, window, buffer)
+    assert probe.max <= max(rows * vocab, rows * window * buffer)
+
+
+def greedy_loop(model, ids: torch.Tensor, steps: int, processors) -> torch.Tensor:
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].float()
+        ids = torch.cat([ids, processors(ids, logits).argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+def test_inside_hf_generate():
+    model = tiny_llama(vocab_size=64, seed=1)
+    model.generation_config.eos_token_id = None  # run every step, like the manual loop
+    prompt = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt))
+    plain = model.generate(prompt, **kw)
+    outs = {}
+    for alpha in (0.0, 2.0):
+        procs = LogitsProcessorList([LZPenaltyLogitsProcessor(alpha, window=16, buffer=4, prompt_length=5)])
+        outs[alpha] = model.generate(prompt, logits_processor=procs, **kw)
+        assert torch.equal(outs[alpha], greedy_loop(model, prompt, 24, procs))
+    assert torch.equal(outs[0.0], plain)
+    assert not torch.equal(outs[2.0], plain)
+
+    def distinct(seq):  # a strong LZ penalty keeps greedy decoding away from loops
+        return len(set(seq[5:].tolist()))
+
+    assert sum(map(distinct, outs[2.0])) > sum(map(distinct, plain))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_capture():
+    vocab, rows = 1000, 4
+    ids = torch.randint(0, vocab, (rows, 100), device="cuda")
+    scores = torch.randn(rows, vocab, device="cuda")
+    proc = LZPenaltyLogitsProcessor(0.15, 64, 8, prompt_length=torch.tensor([0, 5, 50, 99]))
+    want = proc(ids, scores)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = proc(ids, scores)
+    ids.copy_(torch.randint(0, vocab, (rows, 100), device="cuda"))
+    graph.replay()
+    torch.testing.assert_close(out, proc(ids, scores))
+    assert not torch.equal(out, want)
