@@ -5,3 +5,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+
+# One intra-op thread: tiny-model tests are dominated by thread hand-offs, and two threads on a
+# shared 2-core machine can slow a 0.4 s test to over a minute.
+torch.set_num_threads(1)

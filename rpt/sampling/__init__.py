@@ -1,5 +1,6 @@
 """Sampling: the config, the LZ penalty, the standard penalties and warpers, token healing."""
 
+from rpt.sampling.common import GenerateOutput
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import (
     HealedPrompt,
@@ -21,8 +22,13 @@ from rpt.sampling.processors import (
     penalty_processors,
     warper_processors,
 )
+from rpt.sampling.reference import generate_reference
+from rpt.sampling.rpt import generate
 
 __all__ = [
+    "GenerateOutput",
+    "generate",
+    "generate_reference",
     "FrequencyPresencePenaltyLogitsProcessor",
     "HealedPrompt",
     "LZMatchTracker",

@@ -1,0 +1,179 @@
+"""Sample from an RPT checkpoint (or a plain causal LM with ``--rpt-iters 0``).
+
+    python sample.py --checkpoint runs/tiny/final --prompt "def fib(n):" --rpt-iters 1 --max-new-tokens 64
+    python sample.py --checkpoint DIR --prompts prompts.jsonl --output out.jsonl --batch-size 8
+    accelerate launch sample.py --checkpoint DIR --prompts prompts.jsonl --output out.jsonl
+
+``--prompts`` is JSON Lines: ``{"prompt": "...", "id": ...}`` per line (``id`` optional; the line's
+0-based index otherwise). A single prompt streams its completion to stdout as tokens become final;
+several prompts print (or, with ``--output``, atomically write) one JSON object per prompt in
+input order: ``id``, ``prompt``, ``completion`` (cut at the first stop string), ``finish_reason``
+(``eos``, ``stop``, ``length``), ``new_tokens``. A stats line (tokens/s, model calls per token,
+corrections) ends the run on stderr. Under ``accelerate launch`` the prompts are split across
+processes and the main process writes the merged output. Bad input is one ``error: ...`` line and
+exit status 2. Every sampling knob is a flag (``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.loading import (
+    check_checkpoint,
+    completion_text,
+    encode,
+    load_model,
+    load_tokenizer,
+    rpt_window_of,
+)
+from rpt.sampling.stopping import TextStream
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="RPT checkpoint directory (or plain HF model for --rpt-iters 0)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt text")
+    src.add_argument("--prompts", metavar="FILE.jsonl", help="JSON Lines with 'prompt' and optional 'id'")
+    ap.add_argument("--output", metavar="FILE.jsonl", help="write the completions here (JSON Lines)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
+    ap.add_argument("--reference", action="store_true",
+                    help="use the slow cache-free reference sampler (the test oracle)")
+    add_sampling_args(ap)
+    return ap
+
+
+def read_prompts(path: str) -> list[dict]:
+    """``[{"id", "prompt"}]`` from JSON Lines; ``ValueError`` naming the line of any bad record."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"prompts file {path!r} does not exist")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path} line {lineno}: expected a JSON object with a 'prompt' field")
+            if not isinstance(rec.get("prompt"), str):
+                raise ValueError(f"{path} line {lineno}: 'prompt' must be present and a string")
+            records.append({"id": rec.get("id", len(records)), "prompt": rec["prompt"]})
+    if not records:
+        raise ValueError(f"{path} holds no prompts")
+    return records
+
+
+
+
+
+
+
+
+
+
+def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool):
+    from rpt.sampling.reference import generate_reference
+    from rpt.sampling.rpt import generate
+
+    decode = generate_reference if args.reference else generate
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    results, totals = [], {"new_tokens": 0, "forward_passes": 0, "corrections": 0}
+    for start in range(0, len(records), args.batch_size):
+        batch = prompt_ids[start: start + args.batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, p in enumerate(batch):
+            ids[b, width - len(p):] = torch.tensor(p)
+            mask[b, width - len(p):] = 1
+        streamer = TextStream(tokenizer, config.stop, prompt_text=records[start]["prompt"]) if stream else None
+        out = decode(model, ids.to(model.device), config, mask.to(model.device), tokenizer=tokenizer, streamer=streamer)
+        for b, rec in enumerate(records[start: start + args.batch_size]):
+            gen = out.generated(b)
+            fed = out.sequences[b, out.prompt_width - out.prompt_lengths[b]: out.prompt_width].tolist()
+            results.append({
+                "id": rec["id"], "prompt": rec["prompt"],
+                "completion": completion_text(tokenizer, batch[b], fed, gen, config.stop),
+                "finish_reason": out.finish_reasons[b], "new_tokens": len(gen),
+            })
+        for k in totals:
+            totals[k] += out.stats[k]
+    return results, totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    state = PartialState()
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} is invalid: use an integer >= 1")
+    device = args.device or (str(state.device) if state.num_processes > 1 else
+                             "cuda" if torch.cuda.is_available() else "cpu")
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    else:
+        dtype = getattr(torch, args.dtype)
+    records = read_prompts(args.prompts) if args.prompts else [{"id": 0, "prompt": args.prompt}]
+    sampling_config_from_args(args)  # flag errors first, before loading anything
+    tokenizer = load_tokenizer(args.checkpoint)
+    config = sampling_config_from_args(args, tokenizer)
+    window = rpt_window_of(args.checkpoint)
+    check_checkpoint(window, config, args.checkpoint)
+    model = load_model(args.checkpoint, window, device, dtype)
+    prompt_ids = encode(tokenizer, records, model)
+
+    stream = len(records) == 1 and state.num_processes == 1
+    start = time.perf_counter()
+    order = list(range(len(records)))
+    with state.split_between_processes(order) as mine:
+        mine = list(mine)
+        results, totals = run_batches(model, tokenizer, [records[i] for i in mine], [prompt_ids[i] for i in mine],
+                                      config, args, stream)
+    seconds = time.perf_counter() - start
+    results = gather_object(results)  # rank order = input order (contiguous splits)
+    all_totals = gather_object([totals])
+    if not state.is_main_process:
+        return 0
+    new = sum(t["new_tokens"] for t in all_totals)
+    calls = sum(t["forward_passes"] for t in all_totals)
+    corrections = sum(t["corrections"] for t in all_totals)
+    if args.output:
+        tmp = f"{args.output}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for rec in results:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, args.output)
+    elif not stream:
+        for rec in results:
+            print(json.dumps(rec, ensure_ascii=False))
+    print(f"stats: {new} new tokens in {seconds:.2f}s, {new / max(seconds, 1e-9):.1f} tokens/s, "
+          f"{calls / max(new, 1):.3f} model calls per token, {corrections} corrections"
+          f"{f' ({state.num_processes} processes)' if state.num_processes > 1 else ''}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The fast RPT decoder (``rpt.sampling.rpt.generate``) against the cache-free oracle and HF.
+
+Models are tiny random Llamas in float64 (so the cached and the recomputed paths cannot differ by a
+rounding tie) with weights at a larger scale than the default init (``initializer_range=0.4``) so
+greedy decoding does not collapse onto one token, and a random offset table so PTP differs from NTP.
+"""
+
+import math
+
+import pytest
+import torch
+
+from rpt.model import RPTForCausalLM
+from rpt.sampling.common import Proposer
+from rpt.sampling.config import SamplingConfig
+from rpt.sampling.reference import generate_reference
+from rpt.sampling.rpt import generate
+from tests.tiny_models import tiny_gpt2, tiny_llama
+
+V = 97
+
+
+def rpt_model(window: int, seed: int = 0, attn: str = "sdpa", zero_ntp_row: bool = False) -> RPTForCausalLM:
+    model = RPTForCausalLM.from_base(tiny_llama(seed=seed, attn=attn, initializer_range=0.4), window=window)
+    model = model.double().eval()
+    g = torch.Generator().manual_seed(100 + seed)
+    with torch.no_grad():
+        table = 0.3 * torch.randn(model.offset_embedding.weight.shape, generator=g, dtype=torch.float64)
+        model.offset_embedding.weight.copy_(table)
+        if zero_ntp_row:  # row 0 is added to every NTP token: zero it to compare with the bare HF model
+            model.offset_embedding.weight[0].zero_()
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny float64 models: thread start-up costs more than the math, and a busy machine makes
+    # several threads thrash. Restored for the rest of the session.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {w: rpt_model(w) for w in (2, 3)}
+
+
+def prompts(batch: int, lengths=(9, 5, 7), seed: int = 0):
+    """Left-padded prompts of different lengths (the first ``batch`` of ``lengths``)."""
+    lengths = lengths[:batch]
+    width = max(lengths)
+    ids = torch.randint(0, V, (batch, width), generator=torch.Generator().manual_seed(seed))
+    mask = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        mask[b, width - n:] = 1
+        ids[b, : width - n] = 0
+    return ids, mask
+
+
+def repeats(generated: list[int]) -> int:
+    return sum(1 for i, tok in enumerate(generated) if tok in generated[:i])
+
+
+@pytest.mark.parametrize("window", [2, 3])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generate_equals_reference_and_corrects(models, window, batch):
+    ids, mask = prompts(batch)
+    cfg = SamplingConfig(max_new_tokens=14, rpt_iters=2, rpt_window=window, confidence=0.0)
+    fast = generate(models[window], ids, cfg, attention_mask=mask)
+    ref = generate_reference(models[window], ids, cfg, attention_mask=mask)
+    assert torch.equal(fast.sequences, ref.sequences)
+    assert fast.stats["corrections"] == ref.stats["corrections"] > 0
+    assert fast.finish_reasons == ref.finish_reasons == ["length"] * batch
+    # RPT changed the text: plain NTP on the same model gives something else
+    ntp = generate(models[window], ids, SamplingConfig(max_new_tokens=14), attention_mask=mask)
+    assert not torch.equal(ntp.sequences, fast.sequences)
+    # the cache pays off even when every position is corrected
+    assert fast.stats["forward_passes"] < ref.stats["forward_passes"]
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_batched_rows_equal_their_single_runs(models, window):
+    ids, mask = prompts(3, lengths=(4, 10, 7), seed=1)
+    cfg = SamplingConfig(max_new_tokens=12, rpt_iters=2, rpt_window=window, confidence=0.0)
+    batched = generate(models[window], ids, cfg, attention_mask=mask)
+    assert batched.stats["corrections"] > 0
+    for b in range(3):
+        row = ids[b : b + 1, mask[b].argmax():]
+        single = generate(models[window], row, cfg)
+        assert single.generated(0) == batched.generated(b)
+        assert torch.equal(single.sequences[0, : row.shape[1]], row[0])
+
+
+def test_rpt_iters_zero_is_hf_greedy():
+    model = rpt_model(2, zero_ntp_row=True)
+    ids, mask = prompts(3, seed=2)
+    eos = model.config.eos_token_id  # 2: one row of this run ends on it
+    hf = model.lm.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=eos)
+    cfg = SamplingConfig(max_new_tokens=12, rpt_iters=0, eos_token_id=eos)
+    ours = generate(model, ids, cfg, attention_mask=mask)
+    assert torch.equal(hf, ours.sequences)
+    assert "eos" in ours.finish_reasons and "length" in ours.finish_reasons
+    assert ours.stats["corrections"] == 0 and ours.stats["forward_passes"] == 12  # prefill + 11 steps
+    # a plain HF model (no offset table) is fine for NTP sampling too
+    plain = generate(model.lm, ids, cfg, attention_mask=mask)
+    assert torch.equal(hf, plain.sequences)
+
+
+@pytest.mark.parametrize("window,include_prompt", [(2, False), (3, True)])
+def test_processors_applied_identically(models, window, include_prompt):
+    ids, mask = prompts(3, seed=3)
+    kw = dict(max_new_tokens=14, rpt_iters=2, rpt_window=window, confidence=0.0)
+    # with the prompt in the LZ window, a strong penalty bans every token the row has seen
+    penalties = dict(lz_penalty=30.0 if include_prompt else 0.8, lz_window=16, lz_include_prompt=include_prompt,
+                     repetition_penalty=3.0, frequency_penalty=0.4, presence_penalty=0.2)
+    cfg = SamplingConfig(**kw, **penalties)
+    ref = generate_reference(models[window], ids, cfg, attention_mask=mask)
+    # fill the left padding with tokens the rows go on to choose: padding is not context, so a
+    # decoder whose penalties saw it would ban them and differ
+    for b in range(3):
+        pad = int((mask[b] == 0).sum())
+        ids[b, :pad] = torch.tensor(ref.generated(b)[:pad])
+    # the decoder writes its pad id into padding columns; make that a token row 1 chooses first
+    model, old_pad = models[window], models[window].config.pad_token_id
+    model.config.pad_token_id = ref.generated(1)[0]
+    try:
+        fast = generate(model, ids, cfg, attention_mask=mask)
+    finally:
+        model.config.pad_token_id = old_pad
+    assert torch.equal(fast.sequences[:, ids.shape[1]:], ref.sequences[:, ids.shape[1]:])
+    assert torch.equal(fast.sequences, generate_reference(models[window], ids, cfg, attention_mask=mask).sequences)
+    assert fast.stats["corrections"] == ref.stats["corrections"] > 0
+    unpenalised = generate(models[window], ids, SamplingConfig(**kw), attention_mask=mask)
+    assert not torch.equal(unpenalised.sequences, fast.sequences)  # the penalties did act
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_penalize_ptp_keeps_lz_bans(models, window):
+    """A huge LZ penalty bans every token already generated; with ``penalize_ptp`` corrections obey it."""
+    ids, _ = prompts(1, seed=4)
+    base = dict(max_new_tokens=20, rpt_iters=2, rpt_window=window, confidence=0.0, lz_penalty=30.0, lz_window=64)
+    runs = {}
+    for flag in (True, False):
+        cfg = SamplingConfig(**base, penalize_ptp=flag)
+        runs[flag] = generate(models[window], ids, cfg)
+        ref = generate_reference(models[window], ids, cfg)
+        assert torch.equal(runs[flag].sequences, ref.sequences)
+        assert runs[flag].stats["corrections"] > 0
+    assert repeats(runs[True].generated(0)) == 0
+    assert repeats(runs[False].generated(0)) > 0
+
+
+def test_proposer_rules():
+    """PTP: argmax of the penalised logits; confidence read at temperature 1, before truncation."""
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]])
+    context = torch.tensor([[0]])  # token 0 was seen: the repetition penalty hits it
+    cfg = dict(temperature=0.5, top_k=1, repetition_penalty=4.0)
+    p = Proposer(SamplingConfig(**cfg, confidence=0.5), prompt_length=0)
+    tok, acc = p.ptp(context, logits)
+    post = torch.softmax(torch.tensor([0.75, 2.0, 0.0, -1.0]), -1)  # 3.0 / 4 after the penalty
+    assert tok.item() == 1 and acc.item() == bool(post[1] > 0.5)
+    # the same threshold just below / above that probability flips the decision
+    for eta, expect in ((post[1].item() - 1e-3, True), (post[1].item() + 1e-3, False)):
+        _, acc = Proposer(SamplingConfig(**cfg, confidence=eta), prompt_length=0).ptp(context, logits)
+        assert acc.item() is expect
+    # "exceeds": a probability equal to the threshold is not enough (softmax of a tie is exactly 0.5)
+    tie = torch.zeros(1, 2)
+    assert not Proposer(SamplingConfig(confidence=0.5), 0).ptp(context, tie)[1].item()
+    assert Proposer(SamplingConfig(confidence=0.4999), 0).ptp(context, tie)[1].item()
+    # without penalize_ptp the proposal ignores the penalty
+    tok, _ = Proposer(SamplingConfig(**cfg, penalize_ptp=False), prompt_length=0).ptp(context, logits)
+    assert tok.item() == 0
+    # NTP always gets the penalties (greedy here)
+    assert Proposer(SamplingConfig(repetition_penalty=4.0), 0).ntp(context, logits).item() == 1
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_early_stop_and_one_call_per_token(models, window):
+    """confidence=1 never accepts (p > 1 is impossible): one sweep per position, one call per token.
+
+    Each call feeds x_t and carries both the NTP query for x_{t+1} and the PTP queries of x_t's window.
+    """
+    ids, _ = prompts(1, seed=5)
+    n = 10
+    calls = {}
+    for iters in (1, 4):
+        cfg = SamplingConfig(max_new_tokens=n, rpt_iters=iters, rpt_window=window, confidence=1.0)
+        ref = generate_reference(models[window], ids, cfg)
+        fast = generate(models[window], ids, cfg)
+        assert torch.equal(ref.sequences, fast.sequences) and fast.stats["corrections"] == 0
+        assert fast.stats["forward_passes"] == n + 1  # the last token's window needs it fed once more
+        calls[iters] = ref.stats["forward_passes"]
+    # the reference: one NTP call per position plus one PTP call per revisited token, once
+    revisits = sum(min(t, window - 1) for t in range(n))
+    assert calls[1] == calls[4] == n + revisits
+    # stochastic PTP proposals do not stop early: more iterations, more calls
+    sampled = dict(max_new_tokens=n, rpt_window=window, confidence=1.0, ptp_greedy=False, temperature=1.0, seed=0)
+    few = generate_reference(models[window], ids, SamplingConfig(rpt_iters=1, **sampled))
+    many = generate_reference(models[window], ids, SamplingConfig(rpt_iters=4, **sampled))
+    assert many.stats["forward_passes"] == n + 4 * revisits > few.stats["forward_passes"]
+
+
+def test_stats_and_rows_finish_independently(models):
+    ids, mask = prompts(3, seed=6)
+    cfg = dict(max_new_tokens=12, rpt_iters=1, rpt_window=2, confidence=0.0)
+    free = generate(models[2], ids, SamplingConfig(**cfg), attention_mask=mask)
+    # an EOS id that row 0 produces mid-way and the other rows never produce
+    row0 = free.generated(0)
+    others = set(free.generated(1)) | set(free.generated(2))
+    cut = next(i for i, tok in enumerate(row0) if 2 <= i < 10 and tok not in others and tok not in row0[:i])
+    eos = row0[cut]
+    for decode in (generate, generate_reference):
+        out = decode(models[2], ids, SamplingConfig(**cfg, eos_token_id=eos), attention_mask=mask)
+        assert out.generated(0) == row0[: cut + 1]
+        assert out.finish_reasons == ["eos", "length", "length"]
+        assert out.generated(1) == free.generated(1) and out.generated(2) == free.generated(2)
+        width = out.prompt_width
+        assert (out.sequences[0, width + cut + 1:] == eos).all()  # padded with the pad id (= eos here)
+        s = out.stats
+        assert s["new_tokens"] == cut + 1 + 24 == sum(out.new_token_counts)
+        assert s["tokens_per_s"] > 0 and s["corrections"] >= 0
+        assert s["calls_per_token"] == pytest.approx(s["forward_passes"] / s["new_tokens"])
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        generate(models[2], ids, SamplingConfig(stop=["x"]))
+
+
+@pytest.mark.parametrize("decode", [generate, generate_reference])
+def test_seeded_sampling_is_reproducible(models, decode):
+    ids, mask = prompts(3, seed=7)
+    kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, rpt_iters=2, rpt_window=3, confidence=0.05,
+              ptp_greedy=False)
+    a = decode(models[3], ids, SamplingConfig(**kw, seed=1), attention_mask=mask)
+    b = decode(models[3], ids, SamplingConfig(**kw, seed=1), attention_mask=mask)
+    c = decode(models[3], ids, SamplingConfig(**kw, seed=2), attention_mask=mask)
+    assert torch.equal(a.sequences, b.sequences) and a.stats["corrections"] == b.stats["corrections"]
+    assert not torch.equal(a.sequences, c.sequences)
+    assert a.stats["corrections"] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama-eager", "gpt2"])
+def test_other_attention_paths_match_reference(arch):
+    """The additive 4D mask also drives eager attention and learned absolute positions (GPT-2)."""
+    if arch == "gpt2":
+        model = RPTForCausalLM.from_base(tiny_gpt2(), window=3).double().eval()
+        with torch.no_grad():
+            model.offset_embedding.weight.copy_(
+                0.5 * torch.randn(model.offset_embedding.weight.shape, generator=torch.Generator().manual_seed(0)))
+    else:
+        model = rpt_model(3, attn="eager")
+    ids, mask = prompts(3, seed=8)
+    cfg = SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.0)
+    fast = generate(model, ids, cfg, attention_mask=mask)
+    ref = generate_reference(model, ids, cfg, attention_mask=mask)
+    assert torch.equal(fast.sequences, ref.sequences) and fast.stats["corrections"] > 0
+
+
+def test_bad_inputs(models):
+    ids, mask = prompts(3)
+    with pytest.raises(ValueError, match="needs an RPTForCausalLM"):
+        generate(models[2].lm, ids, SamplingConfig(rpt_iters=1))
+    with pytest.raises(ValueError, match="larger than the window 2"):
+        generate(models[2], ids, SamplingConfig(rpt_iters=1, rpt_window=3))
+    with pytest.raises(ValueError, match="left-padded"):
+        generate(models[2], ids, SamplingConfig(), attention_mask=mask.flip(1))
+    long = torch.zeros(1, 256, dtype=torch.long)
+    with pytest.raises(ValueError, match="context is 256"):
+        generate_reference(models[2], long, SamplingConfig())
+    with pytest.warns(UserWarning, match="past the model's context"):
+        out = generate(models[2], long[:, :250], SamplingConfig(max_new_tokens=20))
+    assert out.new_token_counts == [6]
+    assert math.isfinite(out.stats["tokens_per_s"])
