@@ -43,6 +43,7 @@ def write_config(tmp_path, **overrides) -> str:
 def env() -> dict:
     e = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false", PYTHONPATH=ROOT)
     e["OMP_NUM_THREADS"] = "1"
+    e["OMP_WAIT_POLICY"] = "PASSIVE"
     return e
 
 
