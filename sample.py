@@ -127,7 +127,7 @@ def _main(args: argparse.Namespace) -> int:
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.accelerator.is_available())  # else CPU workers never form a group
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: use an integer >= 1")
     device = args.device or (str(state.device) if state.num_processes > 1 else

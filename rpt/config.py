@@ -111,6 +111,11 @@ def _coerce(name: str, value: Any) -> Any:
     typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if value is None or "Any" in typ:
         return value
+    if isinstance(value, str) and typ.split(" ")[0] in ("int", "float"):
+        try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+            value = float(value)
+        except ValueError:
+            pass
     if typ.startswith("int") and isinstance(value, float) and value.is_integer():
         value = int(value)
     if typ.startswith("float") and isinstance(value, int) and not isinstance(value, bool):

@@ -50,7 +50,7 @@ def test_issue_example_window3():
 @pytest.mark.parametrize("window", [2, 3, 4])
 def test_properties_on_random_draws(window):
     g = torch.Generator().manual_seed(window)
-    for trial in range(200):
+    for _ in range(200):
         length = int(torch.randint(window + 1, 60, (), generator=g))
         starts = sample_swap_starts(length, window, q=0.3, generator=g)
         # windows never overlap and never run past the end, and the first index never moves

@@ -111,6 +111,7 @@ def test_config_overrides_and_base_inheritance(tmp_path):
     child = tmp_path / "child.yaml"
     child.write_text(yaml.safe_dump({"base": "config.yaml", "lr": 1e-4, "objective": "ntp"}))
     cfg = load_config(str(child), ["max_steps=7", "model.hidden_size=64", "q=0.5"])
+    assert load_config(str(child), ["lr=1e-3"]).lr == 1e-3  # YAML 1.1 reads 1e-3 as a string
     assert cfg.lr == 1e-4 and cfg.objective == "ntp" and cfg.max_steps == 7 and cfg.q == 0.5
     assert cfg.model["hidden_size"] == 64 and cfg.model["num_hidden_layers"] == 2
     assert load_config(base).max_steps == 10

@@ -14,9 +14,11 @@ from rpt.sampling.loading import check_checkpoint, completion_text, load_model, 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--checkpoint`` (optional with ``required=False``, for scripts that can also run without
+    a model), ``--device``, ``--dtype``, ``--batch-size``."""
     group = parser.add_argument_group("model")
-    group.add_argument("--checkpoint", required=True, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
+    group.add_argument("--checkpoint", required=required, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     group.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
@@ -68,15 +70,25 @@ def generate_texts(
     return out
 
 
+def process_state():
+    """accelerate's process state (a singleton: the first call decides it for the whole run).
+
+    Without an accelerator device accelerate forms a multi-process (gloo) group only when told it
+    runs on the CPU, as in ``rpt.training``; otherwise each CPU worker would do all the work alone.
+    """
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.accelerator.is_available())
+
+
 def split_across_processes(items: list) -> tuple[list, Callable[[list], list]]:
     """This process's share of ``items`` and a function gathering every share back in order.
 
     Under ``accelerate launch`` each process takes a contiguous slice; alone it takes all.
     """
-    from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    state = PartialState()
+    state = process_state()
     if state.num_processes == 1:
         return items, lambda results: results
     with state.split_between_processes(list(range(len(items)))) as mine:
