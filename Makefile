@@ -32,6 +32,9 @@ demo: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/objective_overhead.py
+	$(PY) benchmarks/train_overhead.py
+	$(PY) benchmarks/lz_penalty.py
+	$(PY) benchmarks/rpt_decode.py
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check rpt tests benchmarks eval train.py sample.py
