@@ -25,6 +25,7 @@ from rpt.model import RPTForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"GSM8K data not found at {DATA}; set RPT_GSM8K_DIR")
 
 CODE = '''from typing import List
 
@@ -193,6 +194,7 @@ def test_humaneval_samples_per_task(scripts, ckpt, calls, tmp_path):
     assert summary["samples_per_task"] == 2 and summary["n_problems"] == 1 and summary["n_samples"] == 2
 
 
+@needs_data
 def test_gsm8k_checkpoint_sweep_and_resume(scripts, ckpt, calls, tmp_path):
     out = tmp_path / "gsm8k.json"
     argv = ["--checkpoint", ckpt["rpt"], "--data", str(DATA / "test.jsonl"), "--limit", "2", "--shots", "1",
@@ -230,6 +232,7 @@ def test_gsm8k_checkpoint_sweep_and_resume(scripts, ckpt, calls, tmp_path):
     assert n_prompts(calls) == 8
 
 
+@needs_data
 def test_plain_checkpoint_runs_without_rpt(scripts, ckpt, calls, tmp_path):
     out = tmp_path / "g.json"
     assert scripts["gsm8k"].main(["--checkpoint", ckpt["plain"], "--data", str(DATA / "test.jsonl"), "--limit", "1",
@@ -237,6 +240,7 @@ def test_plain_checkpoint_runs_without_rpt(scripts, ckpt, calls, tmp_path):
     assert json.loads(out.read_text())["n"] == 1 and n_prompts(calls) == 1
 
 
+@needs_data
 def test_gsm8k_splits_items_across_two_processes(scripts, ckpt, tmp_path):
     """``accelerate launch`` with 2 CPU (gloo) processes: each generates its share, one output in input order."""
     pytest.importorskip("accelerate")
@@ -269,6 +273,8 @@ def test_gsm8k_splits_items_across_two_processes(scripts, ckpt, tmp_path):
     ("top_p", ["--checkpoint", "{rpt}", "--top-p", "0"], "top_p"),
 ])
 def test_bad_input_is_one_error_and_status_2(scripts, ckpt, calls, tmp_path, capsys, name, case, extra, message):
+    if name == "gsm8k" and not DATA.is_dir():
+        pytest.skip(f"GSM8K data not found at {DATA}")
     out = tmp_path / "o.json"
     paths = {"missing": str(tmp_path / "nope"), "plain": ckpt["plain"], "rpt": ckpt["rpt"]}
     argv = [a.format(**paths) for a in extra] + ["--limit", "1", "--max-new-tokens", "4", "--out", str(out)]

@@ -13,6 +13,7 @@ from rpt.evaluation import gsm8k
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"GSM8K data not found at {DATA}; set RPT_GSM8K_DIR")
 
 
 def load_script(name: str):
@@ -32,6 +33,7 @@ def train() -> list[dict]:
     return gsm8k.load_gsm8k(DATA / "train.jsonl")
 
 
+@needs_data
 def test_gold_completions_score_1_on_all_1319_test_problems(script, tmp_path, capsys):
     out = tmp_path / "gsm8k.json"
     assert script.main(["--completions", "gold", "--data", str(DATA / "test.jsonl"), "--out", str(out)]) == 0
@@ -121,6 +123,7 @@ def test_generation_stops_at_the_next_question():
     assert result["prediction"] == "4" and not result["correct"]
 
 
+@needs_data
 def test_fixed_eight_shot_prompt_from_the_train_split(train):
     prefix = gsm8k.fewshot_prefix(train)
     prompt = gsm8k.build_prompt(prefix, "How many legs do 3 cats have?")
