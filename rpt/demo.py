@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--finetune-steps", type=int, default=400)
+    ap.add_argument("--finetune-steps", type=int, default=800)
     ap.add_argument("--error-positions", type=int, default=1000)
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps))
     common = (f"init_from={ar_c['final']}", "tokenizer=null")
     stages("ar_f", lambda: _train(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                                  "lr=2e-3", "warmup_steps=20", "eval_every=100"))
+                                  "lr=2e-3", "warmup_steps=20", "eval_every=200"))
     stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
     rpt_ckpt = stages.results["rpt"]["final"]
     stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", "--checkpoint", rpt_ckpt,
