@@ -184,7 +184,7 @@ class RPTForCausalLM(nn.Module):
         if offset_ids is None:
             return embeds + self.offset_embedding.weight[0].to(embeds.dtype)
         if self.check_offsets and not torch.compiler.is_compiling():
-            lo, hi = int(offset_ids.min()), int(offset_ids.max())
+            lo, hi = torch.stack(torch.aminmax(offset_ids)).tolist()  # one host sync per forward
             if lo < 0 or hi > self.window:
                 raise ValueError(
                     f"offset_ids must index the {self.window + 1}-row offset table (0..{self.window}); got values in "

@@ -21,6 +21,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
+from rpt.sampling import stopping
 
 HUB_DATASET = ("openai/gsm8k", "main")
 DEFAULT_SHOTS = 8
@@ -99,12 +100,7 @@ def gold_completion(answer: str) -> str:
 
 def truncate_at_stop(text: str, stop_sequences: Sequence[str] = STOP_SEQUENCES) -> str:
     """Cut generation at the next question (or an end-of-text marker)."""
-    cut = len(text)
-    for stop in stop_sequences:
-        index = text.find(stop)
-        if index != -1:
-            cut = min(cut, index)
-    return text[:cut]
+    return stopping.truncate_at_stop(text, stop_sequences)
 
 
 def normalize_number(text: str) -> str | None:

