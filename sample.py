@@ -76,14 +76,6 @@ def read_prompts(path: str) -> list[dict]:
     return records
 
 
-
-
-
-
-
-
-
-
 def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool):
     from rpt.sampling.reference import generate_reference
     from rpt.sampling.rpt import generate

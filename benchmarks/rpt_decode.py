@@ -10,6 +10,13 @@ and model calls per new token (goal <= 1.1), plus Hugging Face ``generate`` (gre
 model) for scale. On CUDA it also prints the achieved memory bandwidth: bytes of weights read per
 model call (every parameter except the input embedding table, of which a call reads a few rows)
 times calls per second.
+
+It also times the bare model calls the two samplers make on their common path, with no sampling
+logic: one 1-row call per token (NTP) against one fused 2-row call ``[x_n | PTP query for
+x_{n-1}]`` with its 4D mask, offsets and cache crop (RPT, w=2). Their ratio is the ceiling the
+decoder's ratio can reach on the machine: it measures what a second query row costs the hardware
+(near nothing when a call is memory-bound, as on a GPU; a second row of every matmul where the
+CPU BLAS is compute-bound at two rows).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
@@ -68,6 +75,42 @@ def timed(fn, device: str):
     return time.perf_counter() - t0, out
 
 
+def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fused: bool) -> tuple[float, torch.Tensor]:
+    """Tokens/s of the model calls alone of one greedy NTP decode, and its ``[batch, new_tokens]`` tokens.
+
+    ``fused`` feeds each call as the RPT decoder's common path does: x_n twice, as the NTP query
+    and as the PTP query for x_{n-1}; only the NTP row picks the next token.
+    """
+    device = prompt.device
+    batch, length = prompt.shape
+    cache = DynamicCache(config=model.config)
+    token = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)
+    neg = torch.finfo(model.dtype).min
+    offsets = torch.tensor([[0, 1]], device=device).expand(batch, 2)
+    generated = [token.tolist()]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(new_tokens):
+        if fused:
+            # keys: the cache (x_<n) | x_n as NTP query | x_n as the PTP query for x_{n-1}
+            mask = torch.zeros(batch, 1, 2, length + 2, dtype=model.dtype, device=device)
+            mask[:, :, 0, length + 1] = neg  # the NTP query never sees the PTP query
+            mask[:, :, 1, length - 1: length + 1] = neg  # the PTP query hides x_{n-1} and x_n's NTP twin
+            position = torch.full((batch, 2), length, device=device)
+            logits = model(token.expand(batch, 2), position_ids=position, offset_ids=offsets, attention_mask=mask,
+                           past_key_values=cache, use_cache=True, logits_to_keep=2).logits
+            cache.crop(-1)
+        else:
+            position = torch.full((batch, 1), length, device=device)
+            logits = model(token, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        token = logits[:, 0].argmax(-1, keepdim=True)
+        generated.append(token.tolist())  # the decoders bring each call's proposals to the host once
+        length += 1
+    rate = new_tokens * batch / (time.perf_counter() - start)
+    return rate, torch.tensor(generated[:new_tokens], dtype=torch.long).squeeze(-1).T
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -102,9 +145,17 @@ def main() -> None:
     runs = {name: [] for name in configs}
     stats = {}
     hf_rates = []
+    bare = {False: [], True: []}
     for cfg in configs.values():  # warm-up
         generate(model, prompt, cfg)
+    model.check_offsets = False  # as generate does: the offsets are well formed by construction
+    with torch.inference_mode():
+        for fused in bare:
+            bare_calls(model, prompt, 8, fused)
     for _ in range(args.repeats):
+        with torch.inference_mode():
+            for fused in bare:
+                bare[fused].append(bare_calls(model, prompt, args.new_tokens, fused)[0])
         for name, cfg in configs.items():
             dt, out = timed(lambda cfg=cfg: generate(model, prompt, cfg), args.device)
             runs[name].append(out.stats["new_tokens"] / dt)
@@ -130,8 +181,13 @@ def main() -> None:
     if hf_rates:
         print(f"{'HF generate greedy (NTP)':<26} {statistics.median(hf_rates):9.1f} tokens/s")
     ntp, rpt = rates["ntp (rpt_iters=0)"], rates["rpt (k=1, w=2, eta=0.9)"]
+    one_row, two_rows = statistics.median(bare[False]), statistics.median(bare[True])
+    print(f"{'bare 1-row calls':<26} {one_row:9.1f} tokens/s")
+    print(f"{'bare fused 2-row calls':<26} {two_rows:9.1f} tokens/s")
     print(f"ratio rpt/ntp tokens/s: {rpt / ntp:.3f} (goal >= 0.8); "
           f"rpt calls per new token: {stats['rpt (k=1, w=2, eta=0.9)']['calls_per_token']:.3f} (goal <= 1.1)")
+    print(f"ceiling on this machine (bare fused 2-row / 1-row calls): {two_rows / one_row:.3f}; "
+          f"the decoder reaches {(rpt / ntp) / (two_rows / one_row):.3f} of it")
 
 
 if __name__ == "__main__":

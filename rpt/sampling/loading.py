@@ -20,11 +20,9 @@ def _is_local(path: str) -> bool:
     return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") != 1 or os.path.exists(path)
 
 
-
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
 
 
 def load_tokenizer(checkpoint: str):
@@ -39,7 +37,6 @@ def load_tokenizer(checkpoint: str):
         raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {_first_line(e)}") from None
 
 
-
 def rpt_window_of(checkpoint: str) -> int | None:
     """The trained window of an RPT checkpoint, or None for a plain causal LM (read before loading)."""
     from transformers.utils import cached_file
@@ -52,7 +49,6 @@ def rpt_window_of(checkpoint: str) -> int | None:
         return int(json.load(f)["window"])
 
 
-
 def check_checkpoint(window: int | None, config: SamplingConfig, checkpoint: str) -> None:
     """RPT sampling needs an RPT checkpoint whose trained window covers ``rpt_window``."""
     if config.rpt_iters == 0:
@@ -63,7 +59,6 @@ def check_checkpoint(window: int | None, config: SamplingConfig, checkpoint: str
     if config.rpt_window > window:
         raise ValueError(f"--rpt-window {config.rpt_window} is larger than the window {window} that {checkpoint} "
                          f"was trained with; use --rpt-window {window} or less")
-
 
 
 def load_model(checkpoint: str, window: int | None, device: str, dtype: torch.dtype):
@@ -83,7 +78,6 @@ def load_model(checkpoint: str, window: int | None, device: str, dtype: torch.dt
     return model.to(device).eval()
 
 
-
 def encode(tokenizer, records: list[dict], model) -> list[list[int]]:
     limit = getattr(model.config, "max_position_embeddings", None)
     out = []
@@ -96,7 +90,6 @@ def encode(tokenizer, records: list[dict], model) -> list[list[int]]:
                              "tokens (max_position_embeddings); shorten it")
         out.append(ids)
     return out
-
 
 
 def completion_text(tokenizer, prompt_ids: list[int], fed_ids: list[int], generated: list[int], stop: list[str]) -> str:

@@ -1,0 +1,57 @@
+"""``benchmarks/rpt_decode.py``: its bare calls are the samplers' calls, and the script runs end to end."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from rpt.sampling.config import SamplingConfig
+from rpt.sampling.rpt import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "rpt_decode.py"
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("rpt_decode_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bare_calls_decode_what_the_decoder_decodes():
+    # The ceiling the benchmark prints is only meaningful if its bare fused call is the decoder's
+    # common-path call: the NTP row must be unaffected by the PTP row riding along and by the crop.
+    bench = load_benchmark()
+    model = bench.build("tiny", "cpu", torch.float64)
+    with torch.no_grad():  # a larger init than the default, so greedy decoding does not settle on one token
+        for p in model.lm.parameters():
+            if p.dim() == 2:
+                p.mul_(20)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 10), generator=torch.Generator().manual_seed(0))
+    new = 16
+    expected = generate(model, prompt, SamplingConfig(max_new_tokens=new, rpt_iters=0)).sequences[:, 10:]
+    with torch.inference_mode():
+        _, plain = bench.bare_calls(model, prompt, new, fused=False)
+        _, fused = bench.bare_calls(model, prompt, new, fused=True)
+    assert len(set(expected.flatten().tolist())) > 8
+    assert torch.equal(plain, expected)
+    assert torch.equal(fused, expected)
+
+
+def test_script_reports_ratio_calls_and_ceiling():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--new-tokens", "6", "--prompt-tokens", "8", "--repeats", "1", "--no-hf"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    ratio = next(line for line in lines if line.startswith("ratio rpt/ntp"))
+    ceiling = next(line for line in lines if line.startswith("ceiling"))
+    assert float(ratio.split(":")[1].split()[0]) > 0
+    assert "calls per new token" in ratio
+    assert float(ceiling.split(":")[1].split(";")[0]) > 0
