@@ -34,10 +34,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rpt.evaluation import gsm8k, sweep
-from rpt.evaluation.generation import add_model_args, check_sampler, load_checkpoint
+from rpt.evaluation.generation import add_model_args, check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError, first_groups
 from rpt.evaluation.report import bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.loading import check_checkpoint
 
 DEFAULT_OUT = "runs/eval/gsm8k.json"
 
@@ -143,7 +144,7 @@ def generate_answers(args: argparse.Namespace, problems: list[dict], store):
     model, tokenizer, window = load_checkpoint(args.checkpoint, sweep.process_device(args.device), args.dtype)
     base = sampling_config_from_args(args, tokenizer, stop=stop, rpt_iters=0, temperature=0.0)
     for setting in settings:
-        check_sampler(args.checkpoint, window, setting.config(base))
+        check_checkpoint(window, setting.config(base), args.checkpoint)
     items = [{"id": i, "prompt": gsm8k.build_prompt(prefix, p["question"])} for i, p in enumerate(problems[: args.limit])]
     generated = sweep.generate_sweep(model, tokenizer, items, settings, base, checkpoint=args.checkpoint, store=store,
                                      batch_size=args.batch_size, desc="gsm8k generate")
@@ -214,15 +215,11 @@ def run_checkpoint(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.checkpoint is None) == (args.completions is None):
-        parser.error("give exactly one of --checkpoint (generate with a model) and --completions (score given ones)")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be >= 1")
+    check_source_args(parser, args)
     if args.shots < 0:
         parser.error("--shots must be >= 0")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
     return run_completions(args) if args.completions is not None else run_checkpoint(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

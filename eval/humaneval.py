@@ -33,11 +33,12 @@ from tqdm import tqdm
 
 from rpt.evaluation import humaneval as he
 from rpt.evaluation import sweep
-from rpt.evaluation.generation import add_model_args, check_sampler, load_checkpoint
+from rpt.evaluation.generation import add_model_args, check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError, first_groups
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.evaluation.sandbox import Limits
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.loading import check_checkpoint
 
 DEFAULT_OUT = "runs/eval/humaneval.json"
 
@@ -167,7 +168,7 @@ def generate_completions(args: argparse.Namespace, problems: dict[str, dict], st
     model, tokenizer, window = load_checkpoint(args.checkpoint, sweep.process_device(args.device), args.dtype)
     base = sampling_config_from_args(args, tokenizer, stop=stop, rpt_iters=0, temperature=0.0)
     for setting in settings:
-        check_sampler(args.checkpoint, window, setting.config(base))
+        check_checkpoint(window, setting.config(base), args.checkpoint)
     items = [{"id": tid, "prompt": problems[tid]["prompt"]} for tid in list(problems)[: args.limit]]
     generated = sweep.generate_sweep(model, tokenizer, items, settings, base, checkpoint=args.checkpoint, store=store,
                                      n_samples=args.n_samples, batch_size=args.batch_size, desc="humaneval generate")
@@ -247,17 +248,13 @@ def run_checkpoint(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (args.checkpoint is None) == (args.completions is None):
-        parser.error("give exactly one of --checkpoint (generate with a model) and --completions (score given ones)")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be >= 1")
+    check_source_args(parser, args)
     if min(args.k) < 1:
         parser.error("--k values must be >= 1")
     if args.n_samples < 1:
         parser.error("--n-samples must be >= 1")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
     return run_completions(args) if args.completions is not None else run_checkpoint(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,7 +24,6 @@ from tqdm import tqdm
 from rpt.evaluation import repetition_study as study
 from rpt.evaluation.generation import (
     add_model_args,
-    check_sampler,
     generate_texts,
     load_checkpoint,
     split_across_processes,
@@ -32,6 +31,7 @@ from rpt.evaluation.generation import (
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.evaluation.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.loading import check_checkpoint
 
 STUDY_KNOBS = ("temperature", "repetition_penalty", "frequency_penalty", "lz_penalty", "lz_window", "lz_buffer",
                "rpt_iters", "rpt_window", "max_new_tokens")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = [s for s in study.study_settings(args.temperatures, rpt_iters=rpt_iters, rpt_window=args.rpt_window)
                     if s.family in args.families]
         for s in settings:
-            check_sampler(args.checkpoint, window, s.config(base))
+            check_checkpoint(window, s.config(base), args.checkpoint)
         prompts = load_prompts(args, tokenizer)
     except (EvalInputError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

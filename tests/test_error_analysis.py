@@ -14,9 +14,9 @@ import torch
 
 from rpt.evaluation import error_analysis as ea
 from rpt.model import RPTForCausalLM
+from tests.scripts import load_script
 from tests.tiny_models import tiny_llama
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 30
 ITERS = 3
 
@@ -29,13 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_script_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def random_rpt(vocab: int, seed: int = 0, head_gain: float = 3.0) -> RPTForCausalLM:
@@ -218,7 +211,7 @@ def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_script_end_to_end(checkpoint, tmp_path, capsys):
     ckpt, text_file = checkpoint
-    script = load_script("error_analysis")
+    script = load_script("eval/error_analysis.py")
     out = tmp_path / "ea.json"
     args = ["--checkpoint", str(ckpt), "--text-file", str(text_file), "--limit", "10", "--top-m", "8",
             "--batch-size", "4", "--out", str(out)]
@@ -243,7 +236,7 @@ def test_script_end_to_end(checkpoint, tmp_path, capsys):
 
 def test_script_exact_matches_the_library_on_the_same_positions(checkpoint, tmp_path):
     ckpt, text_file = checkpoint
-    script = load_script("error_analysis")
+    script = load_script("eval/error_analysis.py")
     out = tmp_path / "exact.json"
     args = ["--checkpoint", str(ckpt), "--text-file", str(text_file), "--limit", "4", "--exact", "--context-len", "24",
             "--seed", "5", "--out", str(out)]
@@ -275,7 +268,7 @@ def test_script_bad_input_is_one_error_line(checkpoint, tmp_path, capsys, bad):
     ckpt, text_file = checkpoint
     (tmp_path / "short.txt").write_text("x = 1\n")
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"txt": 1}\n')
-    script = load_script("error_analysis")
+    script = load_script("eval/error_analysis.py")
     args = ["--checkpoint", str(ckpt), "--text-file", str(text_file), "--out", str(tmp_path / "o.json")]
     bad = [b.format(tmp=tmp_path) for b in bad]
     if "--data" in bad or "--text-file" in bad:

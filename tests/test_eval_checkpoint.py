@@ -7,7 +7,6 @@ never the pass rate.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,8 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 import rpt.evaluation.humaneval as he
 from rpt.evaluation import gsm8k, sweep
 from rpt.model import RPTForCausalLM
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"GSM8K data not found at {DATA}; set RPT_GSM8K_DIR")
 
@@ -93,16 +92,9 @@ def ckpt(tmp_path_factory) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_ckpt_script_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def scripts():
-    return {"humaneval": load_script("humaneval"), "gsm8k": load_script("gsm8k")}
+    return {"humaneval": load_script("eval/humaneval.py"), "gsm8k": load_script("eval/gsm8k.py")}
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -10,22 +9,15 @@ from pathlib import Path
 import pytest
 
 from rpt.evaluation import gsm8k
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"GSM8K data not found at {DATA}; set RPT_GSM8K_DIR")
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_script_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def script():
-    return load_script("gsm8k")
+    return load_script("eval/gsm8k.py")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -13,20 +12,12 @@ import pytest
 
 from rpt.evaluation import humaneval as he
 from rpt.evaluation.report import ResultStore
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_script_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    return load_script("humaneval")
+    return load_script("eval/humaneval.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from rpt.evaluation import repetition_study as study
 from rpt.model import RPTForCausalLM
+from tests.scripts import load_script
 from tests.tiny_models import save_tiny_checkpoint
 
 
@@ -48,12 +49,7 @@ def test_continuation_loglik_matches_manual(ckpt):
 
 
 def test_script_end_to_end_and_resume(ckpt, tmp_path, monkeypatch, capsys):
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location("rep_script", os.path.join(os.path.dirname(__file__), "..", "eval", "repetition.py"))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("eval/repetition.py")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a,", "for i in", "class P"]) + "\n")
     out = tmp_path / "rep.json"

@@ -1,31 +1,22 @@
 """``benchmarks/rpt_decode.py``: its bare calls are the samplers' calls, and the script runs end to end."""
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.rpt import generate
+from tests.scripts import ROOT, load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "rpt_decode.py"
-
-
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("rpt_decode_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bare_calls_decode_what_the_decoder_decodes():
     # The ceiling the benchmark prints is only meaningful if its bare fused call is the decoder's
     # common-path call: the NTP row must be unaffected by the PTP row riding along and by the crop.
-    bench = load_benchmark()
+    bench = load_script("benchmarks/rpt_decode.py")
     model = bench.build("tiny", "cpu", torch.float64)
     with torch.no_grad():  # a larger init than the default, so greedy decoding does not settle on one token
         for p in model.lm.parameters():

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rpt.evaluation import synthetic as syn
+from tests.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"name", "eps_n", "eps_p", "tv_ntp_mean", "tv_rpt_mean", "max_ntp_mean", "max_rpt_mean", "frac_rpt_better"}
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"eval_script_{name}", ROOT / "eval" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +78,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers():
 
 def test_script_writes_json_table_and_histograms(tmp_path, capsys):
     out = tmp_path / "syn.json"
-    assert load_script("synthetic").main(["--trials", "60", "--seed", "2", "--out", str(out)]) == 0
+    assert load_script("eval/synthetic.py").main(["--trials", "60", "--seed", "2", "--out", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert summary["trials"] == 60 and summary["vocab"] == 20
     assert [c["name"] for c in summary["cases"]] == ["oracle", "medium", "low"]

