@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 
 IGNORE_INDEX = -100
-NTP_KIND = 0
 
 
 def _check_window(window: int) -> None:
