@@ -77,11 +77,11 @@ def test_rerun_on_same_out_skips_finished_items(script, tmp_path, monkeypatch):
     assert script.main(args) == 0
     assert len(ResultStore(out)) == 3
 
-    def no_execution(programs, **kwargs):
-        assert list(programs) == [], "finished items were executed again"
+    def no_execution(jobs, **kwargs):
+        assert list(jobs) == [], "finished items were executed again"
         return []
 
-    monkeypatch.setattr(he, "run_programs", no_execution)
+    monkeypatch.setattr(he, "run_jobs", no_execution)
     assert script.main(args) == 0
     assert json.loads(out.read_text())["pass@1"] == 1.0
     with pytest.raises(AssertionError, match="executed again"):
@@ -134,10 +134,10 @@ def test_truncate_completion_stops_at_the_end_of_the_function(problems):
     assert all(he.truncate_completion(p["canonical_solution"]) == p["canonical_solution"] for p in problems.values())
 
 
-def test_program_runs_the_check_last(problems):
-    program = he.build_program(problems["HumanEval/0"], "    return True\n")
-    assert program.startswith(problems["HumanEval/0"]["prompt"] + "    return True\n")
-    assert program.rstrip().endswith("check(has_close_elements)")
+def test_job_runs_the_program_then_the_check(problems):
+    job = he.build_job(problems["HumanEval/0"], "    return True\n")
+    assert job.program == problems["HumanEval/0"]["prompt"] + "    return True\n"
+    assert (job.mode, job.entry_point, job.test) == ("replay", "has_close_elements", problems["HumanEval/0"]["test"])
 
 
 @pytest.mark.parametrize("rows, message", [

