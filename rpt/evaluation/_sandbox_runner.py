@@ -1,7 +1,7 @@
 """Child side of :mod:`rpt.evaluation.sandbox`: runs ONE untrusted program and reports what it did.
 
 Started by the parent (inside bubblewrap where available) as ``python -S -s -P -B -X utf8
-_sandbox_runner.py WIRE_PATH`` with the scratch directory as cwd. It reads a JSON job from
+_sandbox_runner.py WIRE_PATH`` with the scratch directory as cwd. It reads a JSON job (one line) from
 stdin, lowers its resource limits, disables destructive functions, executes the program and
 streams JSON lines to the result pipe. It never says "passed": it only reports *values* (what
 the program's function returned for each input, or which exception it raised), and the trusted
@@ -16,9 +16,10 @@ Modes (``job["mode"]``):
 * ``calls``: run the program, then call ``entry_point(*inputs[i])`` for each input (a deep copy,
   under a per-call alarm), streaming ``{"i": i, "v": value}`` or ``{"i": i, "e": error}``, and
   ``{"t": seconds}`` per call when ``job["timing"]`` (ground truth from a canonical solution);
-* ``replay``: run the program, then the benchmark's ``check(candidate)`` with ``candidate``
-  wrapped to record each call's arguments and result (``{"c": n, "a": args, "v"|"e": ...}``);
-  the parent runs ``check`` again on the recorded results (see ``rpt.evaluation.humaneval``).
+* ``serve``: run the program, then answer calls: each line on stdin after the job is
+  ``{"a": args, "k": kwargs}`` and gets ``{"v": value}`` or ``{"e": error}`` back, until stdin
+  closes. The benchmark's test (HumanEval's ``check``) runs in the parent and calls through this,
+  so the test and its expected values never enter this process.
 
 Standard library only, and imported by nothing of the parent's: it must start fast and must not
 expose the ``rpt`` package to the program.
@@ -203,7 +204,9 @@ def _on_alarm(_signum, _frame):
 
 def main() -> None:
     wire = _load_wire(sys.argv[1])
-    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    stdin = sys.stdin.buffer
+    read_line = stdin.readline  # a real reference: the program may replace sys.stdin
+    job = json.loads(read_line().decode("utf-8"))
     result_fd = int(job["result_fd"])
     write, exit_now, clock = os.write, os._exit, time.perf_counter  # real references, kept past the guard
     flush_streams = (sys.stdout.flush, sys.stderr.flush)
@@ -232,7 +235,6 @@ def main() -> None:
         finish({"load_error": _describe(exc)})
     inputs = [wire.from_json(x) for x in job.get("inputs", [])]
     time_limits = job.get("time_limits") or [None] * len(inputs)
-    test_code = compile(job["test"], "<test>", "exec") if job.get("test") else None
     if job.get("guard", True):
         _reliability_guard(os.getcwd())
     main_module = types.ModuleType("__main__")  # a fresh __main__ so runner globals stay hidden
@@ -245,8 +247,6 @@ def main() -> None:
         if mode == "program":
             finish({"finished": 1})
         fn = namespace[job["entry_point"]]
-        if test_code is not None:
-            exec(test_code, namespace)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt are failures too
         finish({"load_error": _describe(exc)})
     emit({"ready": 1})
@@ -261,9 +261,12 @@ def main() -> None:
             start = clock()
             try:
                 value = fn(*args)
-                elapsed = clock() - start
+                try:
+                    message = {"i": i, "v": wire.to_json(value)}
+                except wire.TooLarge:
+                    message = {"i": i, "x": "output too large to send"}
+                elapsed = clock() - start  # the call and the encoding of its output: both count
                 signal.setitimer(signal.ITIMER_REAL, 0)
-                message = {"i": i, "v": wire.to_json(value)}
             except BaseException as exc:
                 elapsed = clock() - start
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -273,40 +276,26 @@ def main() -> None:
             emit(message)
         finish({"end": None})
 
-    # replay: every call the test makes, by the name ``candidate`` or by the function's own name
-    # (HumanEval/33's test calls ``sort_third`` directly), is recorded; calls the function makes to
-    # itself (recursion through its global name) pass straight through.
-    import random
-
-    calls, active = [0], [False]
-
-    def candidate(*args, **kwargs):
-        if active[0]:
-            return fn(*args, **kwargs)
-        n = calls[0]
-        calls[0] += 1
-        record = {"c": n, "a": wire.to_json([list(args), kwargs])}
-        active[0] = True
-        state = random.getstate()  # the test draws its inputs from ``random``: the program's own
-        try:                       # draws must not shift them (the parent replays the same seed)
+    # serve: one call per request line on stdin, until stdin closes. The test that decides stays
+    # in the parent; this process sees only the arguments of each call.
+    while True:
+        line = read_line()
+        if not line:
+            finish(None)
+        try:
+            request = json.loads(line)
+            args, kwargs = wire.from_json(request["a"]), wire.from_json(request["k"])
+        except (ValueError, KeyError, TypeError):
+            finish({"load_error": "bad request"})
+        try:
             value = fn(*args, **kwargs)
+            try:
+                message = {"v": wire.to_json(value)}
+            except wire.TooLarge:
+                message = {"e": "output too large to send"}
         except BaseException as exc:
-            emit({**record, "e": _describe(exc)})
-            raise
-        finally:
-            random.setstate(state)
-            active[0] = False
-        emit({**record, "v": wire.to_json(value)})
-        return value
-
-    namespace[job["entry_point"]] = candidate
-    random.seed(job["seed"])
-    try:
-        namespace["check"](candidate)
-        outcome = None
-    except BaseException as exc:
-        outcome = _describe(exc)
-    finish({"end": outcome})
+            message = {"e": _describe(exc)}
+        emit(message)
 
 
 if __name__ == "__main__":

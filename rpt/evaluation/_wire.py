@@ -47,8 +47,24 @@ class WireError(ValueError):
     """A message that is not a well-formed encoded value."""
 
 
-def to_json(value, depth: int = 0):
-    """``value`` as a JSON-ready structure (exact types preserved; see the module docstring)."""
+class TooLarge(ValueError):
+    """The value has more parts than the encoding budget allows."""
+
+
+MAX_NODES = 4_000_000  # parts of one value (a string counts once): ~tens of MB of JSON at most
+
+
+def to_json(value, depth: int = 0, budget: list | None = None):
+    """``value`` as a JSON-ready structure (exact types preserved; see the module docstring).
+
+    Raises :class:`TooLarge` once more than ``MAX_NODES`` parts have been encoded (checked as it
+    goes, so a huge value costs the budget, not its size); ``budget`` is the shared counter.
+    """
+    if budget is None:
+        budget = [MAX_NODES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise TooLarge(f"more than {MAX_NODES} parts")
     if depth > MAX_DEPTH:
         return {"$t": "opaque", "v": ["deep", "nesting too deep"]}
     if value is None or isinstance(value, bool):
@@ -65,14 +81,14 @@ def to_json(value, depth: int = 0):
     if isinstance(value, (bytes, bytearray)):
         return {"$t": "bytes", "v": bytes(value).hex()}
     if isinstance(value, list):
-        return [to_json(v, depth + 1) for v in value]
+        return [to_json(v, depth + 1, budget) for v in value]
     if isinstance(value, tuple):
-        return {"$t": "tuple", "v": [to_json(v, depth + 1) for v in value]}
+        return {"$t": "tuple", "v": [to_json(v, depth + 1, budget) for v in value]}
     if isinstance(value, (set, frozenset)):
         kind = "frozenset" if isinstance(value, frozenset) else "set"
-        return {"$t": kind, "v": [to_json(v, depth + 1) for v in value]}
+        return {"$t": kind, "v": [to_json(v, depth + 1, budget) for v in value]}
     if isinstance(value, dict):
-        return {"$t": "dict", "v": [[to_json(k, depth + 1), to_json(v, depth + 1)] for k, v in value.items()]}
+        return {"$t": "dict", "v": [[to_json(k, depth + 1, budget), to_json(v, depth + 1, budget)] for k, v in value.items()]}
     try:
         text = repr(value)[:200]
     except Exception:  # a hostile __repr__

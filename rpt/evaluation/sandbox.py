@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -82,9 +82,7 @@ class Job:
     inputs: Sequence = ()  # calls mode: argument lists, already in wire form (``_wire.to_json``)
     time_limits: Sequence[float] | None = None  # calls mode: seconds per call, enforced here
     total_limit: float = 60.0  # calls mode: cap on the sum of the per-call limits (EvalPlus: 60 s)
-    test: str | None = None  # replay mode: the benchmark's test code defining check(candidate)
     timing: bool = False  # calls mode: report each call's duration (ground truth runs only)
-    seed: int = 0  # replay mode: ``random.seed`` right before ``check`` (tests draw inputs from it)
 
 
 @dataclass
@@ -160,7 +158,7 @@ def _bwrap_args(binary: str, scratch: Path) -> list[str]:
     return args + [exe]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _probe(binary: str | None) -> str | None:
     """None if bubblewrap runs here, else why not."""
     if binary is None:
@@ -279,98 +277,195 @@ class _Deadline:
         return self.ready + min(self.cumulative[min(self.results + 1, n)], total) + 0.5
 
 
-def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execution:
-    scratch = base / "work"
-    scratch.mkdir()
-    read_fd, write_fd = os.pipe()
-    payload = json.dumps({
-        "mode": job.mode, "program": job.program, "entry_point": job.entry_point, "inputs": list(job.inputs),
-        "time_limits": list(job.time_limits) if job.time_limits is not None else None, "test": job.test,
-        "timing": job.timing, "seed": job.seed, "result_fd": write_fd, "memory_bytes": limits.memory_bytes,
-        "cpu_seconds": math.ceil(limits.timeout + min(job.total_limit, sum(job.time_limits or [0.0]))) + 1,
-        "file_bytes": max(limits.max_file_bytes, limits.max_output_bytes), "guard": limits.reliability_guard,
-    }).encode("utf-8")
-    start = time.monotonic()
-    argv, env = _command(kind, scratch)
-    execution = Execution(status="exited", isolation=kind)
-    try:
-        with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=scratch, env=env,
-                                        pass_fds=(write_fd,), start_new_session=True)  # own group: killpg reaches all
-            except OSError as exc:
-                return Execution(status=f"failed: could not start the sandbox: {exc}", isolation=kind)
+class _Child:
+    """One started runner: its process, the result pipe (read with deadlines) and its job line on
+    stdin (kept open in ``serve`` mode for the requests that follow)."""
+
+    def __init__(self, base: Path, job: Job, limits: Limits, kind: str) -> None:
+        self.base, self.limits, self.kind = base, limits, kind
+        scratch = base / "work"
+        scratch.mkdir()
+        self.read_fd, write_fd = os.pipe()
+        self.pending = b""
+        self.received = 0
+        self.exited_at: float | None = None
+        payload = json.dumps({
+            "mode": job.mode, "program": job.program, "entry_point": job.entry_point, "inputs": list(job.inputs),
+            "time_limits": list(job.time_limits) if job.time_limits is not None else None,
+            "timing": job.timing, "result_fd": write_fd, "memory_bytes": limits.memory_bytes,
+            "cpu_seconds": math.ceil(limits.timeout + (job.total_limit if job.time_limits is None else
+                                                       min(job.total_limit, sum(job.time_limits)))) + 1,
+            "file_bytes": max(limits.max_file_bytes, limits.max_output_bytes), "guard": limits.reliability_guard,
+        }).encode("utf-8") + b"\n"
+        self.start = time.monotonic()
+        argv, env = _command(kind, scratch)
+        try:
+            with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=scratch,
+                                             env=env, pass_fds=(write_fd,),
+                                             start_new_session=True)  # own group: killpg reaches all
+        except OSError:
+            os.close(self.read_fd)
+            raise
+        finally:
             os.close(write_fd)
-            write_fd = -1
-            feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
-            feeder.start()
+        self.stdin_lock = threading.Lock()
+        # Written from a thread: a job of many MB must not block the reader past a deadline.
+        threading.Thread(target=self._send_raw, args=(payload, job.mode != "serve"), daemon=True).start()
+
+    def _send_raw(self, data: bytes, close: bool = False) -> bool:
+        with self.stdin_lock:
             try:
-                execution.status = _collect(read_fd, proc, job, limits, watch, start, execution.messages)
-            finally:
-                if execution.status == "exited":
-                    try:  # let it finish on its own, so its exit status is its own
-                        proc.wait(timeout=0.5)
-                    except subprocess.TimeoutExpired:
-                        pass
-                _kill_group(proc.pid)
-                proc.wait()
-                feeder.join(timeout=5)
-            execution.returncode = proc.returncode
-    finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
-    execution.stdout = _read_capped(base / "stdout", limits.max_output_bytes)
-    execution.stderr = _read_capped(base / "stderr", limits.max_output_bytes)
-    execution.seconds = time.monotonic() - start
-    return execution
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+                if close:
+                    self.proc.stdin.close()
+                return True
+            except (BrokenPipeError, OSError, ValueError):
+                return False  # the child is gone: its status says why
 
+    def send(self, obj: dict) -> bool:
+        return self._send_raw(json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n")
 
-def _feed(proc: subprocess.Popen, payload: bytes) -> None:
-    try:
-        proc.stdin.write(payload)
-        proc.stdin.close()
-    except (BrokenPipeError, OSError, ValueError):
-        pass  # the child died before reading its job: its status says why
-
-
-def _collect(fd: int, proc: subprocess.Popen, job: Job, limits: Limits, watch, start: float,
-             messages: list[dict]) -> str:
-    """Read messages until the child is done, a deadline passes or ``watch`` says stop."""
-    deadline = _Deadline(job, limits, start)
-    pending = b""
-    received = 0
-    exited_at = None
-    while True:
-        now = time.monotonic()
-        if now >= deadline.at():
-            return "timed out"
-        wait = min(deadline.at() - now, 0.05)
-        ready, _, _ = select.select([fd], [], [], wait)
-        if ready:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return "exited"  # every writer closed: the child and anything it started are gone
-            received += len(chunk)
-            if received > limits.max_result_bytes:
-                return "failed: result too large"
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
+    def read(self, deadline: float) -> dict | str:
+        """The next message, or why there is none: ``"timed out"``, ``"exited"``, ``"failed: ..."``."""
+        while True:
+            if b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
                 try:
                     message = json.loads(line)
                 except (ValueError, RecursionError):
                     return "failed: malformed message from the program"
-                if not isinstance(message, dict):
-                    return "failed: malformed message from the program"
-                deadline.seen(message, time.monotonic())
-                messages.append(message)
-                if watch is not None and not watch(message):
-                    return "stopped"
-        elif proc.poll() is not None:
-            # Exited, but something it left behind may hold the pipe open: give it a moment, then end.
-            exited_at = exited_at or time.monotonic()
-            if time.monotonic() - exited_at > 0.2:
-                return "exited"
+                return message if isinstance(message, dict) else "failed: malformed message from the program"
+            now = time.monotonic()
+            if now >= deadline:
+                return "timed out"
+            ready, _, _ = select.select([self.read_fd], [], [], min(deadline - now, 0.05))
+            if ready:
+                chunk = os.read(self.read_fd, 1 << 20)
+                if not chunk:
+                    return "exited"  # every writer closed: the child and anything it started are gone
+                self.received += len(chunk)
+                if self.received > self.limits.max_result_bytes:
+                    return "failed: result too large"
+                self.pending += chunk
+            elif self.proc.poll() is not None:
+                # Exited, but something it left behind may hold the pipe open: a moment, then end.
+                self.exited_at = self.exited_at or time.monotonic()
+                if time.monotonic() - self.exited_at > 0.2:
+                    return "exited"
+
+    def close(self, execution: Execution) -> Execution:
+        """Kill what is left, collect the exit status and the captured output."""
+        if execution.status == "exited":
+            try:  # let it finish on its own, so its exit status is its own
+                self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(self.proc.pid)
+        self.proc.wait()
+        with self.stdin_lock:
+            try:
+                self.proc.stdin.close()
+            except (OSError, ValueError):
+                pass
+        os.close(self.read_fd)
+        execution.returncode = self.proc.returncode
+        execution.stdout = _read_capped(self.base / "stdout", self.limits.max_output_bytes)
+        execution.stderr = _read_capped(self.base / "stderr", self.limits.max_output_bytes)
+        execution.seconds = time.monotonic() - self.start
+        return execution
+
+
+def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execution:
+    try:
+        child = _Child(base, job, limits, kind)
+    except OSError as exc:
+        return Execution(status=f"failed: could not start the sandbox: {exc}", isolation=kind)
+    execution = Execution(status="exited", isolation=kind)
+    try:
+        deadline = _Deadline(job, limits, child.start)
+        while True:
+            message = child.read(deadline.at())
+            if isinstance(message, str):
+                execution.status = message
+                break
+            deadline.seen(message, time.monotonic())
+            execution.messages.append(message)
+            if watch is not None and not watch(message):
+                execution.status = "stopped"
+                break
+    finally:
+        child.close(execution)
+    return execution
+
+
+class SessionOver(BaseException):
+    """The interactive run ended (the reason is the message). A BaseException, so that a test's
+    own ``except Exception`` cannot swallow it."""
+
+
+class Session:
+    """An interactive run (``serve`` mode): the program is loaded once, then :meth:`call` sends
+    one call's arguments and waits for its result. The caller's own code (a benchmark's test)
+    drives the calls and never leaves this process, so the child holds nothing but the program and
+    the arguments it is given. Everything must finish within ``limits.timeout`` of the start.
+
+    Use as a context manager; :attr:`execution` has the outcome once it is closed and
+    :attr:`failure` why it ended early (None while it runs)."""
+
+    def __init__(self, program: str, entry_point: str, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self.kind, _ = isolation(self.limits.isolation)
+        self.job = Job(program, mode="serve", entry_point=entry_point)
+        self.execution = Execution(status="exited", isolation=self.kind)
+        self.failure: str | None = None
+        self.child: _Child | None = None
+
+    def __enter__(self) -> Session:
+        self.base = Path(tempfile.mkdtemp(prefix="rpt-sandbox-"))
+        try:
+            self.child = _Child(self.base, self.job, self.limits, self.kind)
+        except OSError as exc:
+            self.failure = f"failed: could not start the sandbox: {exc}"
+            return self
+        self.deadline = self.child.start + self.limits.timeout
+        message = self._next()
+        if message is not None and "ready" not in message:
+            self.failure = "failed: " + str(message.get("load_error", "unexpected message from the program"))[:500]
+        return self
+
+    def _next(self) -> dict | None:
+        message = self.child.read(self.deadline)
+        if isinstance(message, str):
+            self.execution.status = message
+            self.failure = self.failure or message
+            return None
+        self.execution.messages.append(message)
+        return message
+
+    def call(self, args: Sequence, kwargs: dict) -> dict:
+        """``{"v": value}`` (wire form) or ``{"e": error}``; raises :class:`SessionOver` once the
+        program is gone, out of time or off the protocol."""
+        from rpt.evaluation import _wire
+
+        if self.failure is None and self.child is not None:
+            if not self.child.send({"a": _wire.to_json(list(args)), "k": _wire.to_json(dict(kwargs))}):
+                self.failure = "exited"
+            else:
+                message = self._next()
+                if message is not None and ({"v", "e"} & set(message)):
+                    return message
+                if message is not None:
+                    self.failure = "failed: unexpected message from the program"
+        raise SessionOver(self.failure or "the sandbox is not running")
+
+    def __exit__(self, *exc) -> None:
+        if self.child is not None:
+            if self.execution.status == "exited" and self.failure is None:
+                self.execution.status = "stopped"  # the caller is done with it: no exit status to wait for
+            self.child.close(self.execution)
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 def _kill_group(pgid: int) -> None:
