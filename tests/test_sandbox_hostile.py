@@ -67,8 +67,13 @@ def score(scorer: str, completion: str, isolation_mode: str, problems, plus_task
     else:
         tasks, oracles = plus_task
         [result] = plus.score("humaneval", [record], tasks, oracles, limits=limits, workers=1)
-        assert not result["base_passed"]
+    # a hostile program that does not even compile would fail for the wrong reason
+    assert "SyntaxError" not in result["result"] and "IndentationError" not in result["result"], result["result"]
     return result
+
+
+def passed_anything(result: dict) -> bool:
+    return bool(result["passed"] or result.get("base_passed"))
 
 
 @pytest.fixture()
@@ -140,7 +145,7 @@ return False
                                         ("a thread acting after the test", LATE_THREAD)])
 def test_forged_reports_do_not_pass(problems, plus_or_none, scorer, isolation_mode, kind, code):
     result = score(scorer, body(code), isolation_mode, problems, plus_or_none)
-    assert not result["passed"], f"{kind}: {result['result']}"
+    assert not passed_anything(result), f"{kind}: {result['result']}"
 
 
 @pytest.mark.parametrize("isolation_mode", ISOLATIONS)
@@ -158,7 +163,7 @@ def test_writing_outside_through_fileio_changes_nothing(problems, plus_or_none, 
     code = (f"import _io\n_io.FileIO({str(victim / 'keep.txt')!r}, 'w').write(b'gone')\n"
             f"_io.FileIO({str(victim / 'new.txt')!r}, 'x').write(b'planted')\n" + CORRECT)
     result = score(scorer, body(code), "bwrap", problems, plus_or_none)
-    assert not result["passed"]
+    assert not passed_anything(result)
     assert snapshot(victim) == before
 
 
@@ -201,7 +206,7 @@ def test_reading_the_installed_datasets_canonical_solution_fails(problems, plus_
     return None
     """
     result = score(scorer, body(code), "bwrap", problems, plus_or_none)
-    assert not result["passed"], result["result"]
+    assert not passed_anything(result), result["result"]
 
 
 @needs_bwrap
@@ -210,12 +215,13 @@ def test_no_connection_reaches_a_loopback_listener(problems, plus_or_none, score
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(0.2)
         port = server.getsockname()[1]
-        code = f"""
-        import socket
-        with socket.create_connection(("127.0.0.1", {port}), timeout=2) as conn:
-            conn.sendall(b"leaked")
-        """ + CORRECT
+        code = textwrap.dedent(f"""
+            import socket
+            with socket.create_connection(("127.0.0.1", {port}), timeout=2) as conn:
+                conn.sendall(b"leaked")
+        """) + CORRECT
         result = score(scorer, body(code), "bwrap", problems, plus_or_none)
+        assert "Error" in result["result"]  # the connection attempt itself failed
         with pytest.raises(TimeoutError):  # bounded: nothing is waiting to be accepted
             server.accept()
-    assert not result["passed"]
+    assert not passed_anything(result)
