@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local tasks only: never reach for the hub
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import rpt.evaluation.lm_eval_adapter  # noqa: F401  (registers the "rpt" model)
         from lm_eval.__main__ import cli_evaluate
+
+        import rpt.evaluation.lm_eval_adapter  # noqa: F401  (registers the "rpt" model)
     except ImportError as exc:
         print(f"error: lm-eval is not installed ({exc}); pip install -e '.[lm-eval]'", file=sys.stderr)
         return 2

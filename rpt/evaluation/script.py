@@ -97,12 +97,8 @@ class Benchmark:
         return [f"failed {self.id_field} (first 50)", "result"], [[r[self.id_field], r.get("result", "")] for r in bad[:50]]
 
 
-class _Parser(argparse.ArgumentParser):
-    pass
-
-
 def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
-    parser = _Parser(description=benchmark.description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=benchmark.description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--completions", default=None,
                         help=f"'{benchmark.given}' or a JSONL file of {{{benchmark.id_field}, completion}}; "
                              "instead of --checkpoint")
@@ -147,8 +143,12 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _scores(summary: dict) -> str:
-    return ", ".join(f"{k} = {v:.4f}" for k, v in summary.items() if isinstance(v, float))
+def _scores(row: dict) -> str:
+    """The scores of a settings row: pass@k / accuracy, and base / plus pass@k where there are."""
+    parts = [f"{k} = {v:.4f}" for k, v in row.items() if k.startswith("pass@") or k == "accuracy"]
+    parts += [f"{split} {k} = {v:.4f}" for split in ("base", "plus") if isinstance(row.get(split), dict)
+              for k, v in row[split].items()]
+    return ", ".join(parts)
 
 
 def _run_given(benchmark: Benchmark, args: argparse.Namespace, problems) -> int:
