@@ -258,6 +258,10 @@ def test_script_end_to_end(checkpoint, tmp_path, capsys):
     assert summary["estimator"] == {"name": "top-m", "m": 8}
     assert all(0.0 <= v <= 1.0 for v in summary["tv_by_iters"].values())
     assert out.with_suffix(".md").read_text().startswith("# RPT error analysis")
+    md = out.with_suffix(".md").read_text()
+    assert "95% CI (bootstrap)" in md and "eps_1 - eps_0" in md and summary["tv_change_1_0_verdict"] in md
+    lo, hi = summary["tv_change_1_0_ci"]
+    assert lo <= summary["tv_change_1_0"] <= hi and summary["tv_change_1_0_bound"] >= 0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert len(out.with_name("ea.items.jsonl").read_text().splitlines()) == 10
     # A rerun on the same output resumes: nothing recomputed, same numbers.
