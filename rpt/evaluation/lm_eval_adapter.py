@@ -110,12 +110,25 @@ class RPTLM(LM):
             configs[key] = config
         out: list[str | None] = [None] * len(requests)
         for key, indices in groups.items():
-            prompts = [requests[i].args[0] for i in indices]
+            budget = self.max_length - configs[key].max_new_tokens
+            prompts = [self.fit(requests[i].args[0], budget) for i in indices]
             for i, result in zip(indices, generate_texts(self.model, self.tokenizer, prompts, configs[key],
                                                          batch_size=self.batch_size)):
                 out[i] = result["text"]
                 self.cache_hook.add_partial("generate_until", requests[i].args, result["text"])
         return out
+
+    def fit(self, prompt: str, budget: int) -> str:
+        """``prompt`` cut from the left to at most ``budget`` tokens (as lm-eval's HF model does:
+        a long few-shot prompt loses its first shots, not the question)."""
+        if budget < 1:
+            raise ValueError(f"max_new_tokens leaves no room for a prompt in {self.max_length} tokens")
+        ids = self.tokenizer(prompt)["input_ids"]
+        while len(ids) > budget:
+            prompt = self.tokenizer.decode(ids[len(ids) - budget:])
+            ids = self.tokenizer(prompt)["input_ids"]
+            budget -= 1  # re-encoding the cut text can take a token more: shrink until it fits
+        return prompt
 
     # ---- log-likelihoods (NTP) ------------------------------------------------------------------
     @torch.no_grad()
