@@ -100,3 +100,14 @@ def test_local_task_yaml_points_at_the_shared_data():
     text = (ROOT / "eval" / "lm_eval_tasks" / "gsm8k_local.yaml").read_text()
     assert "../shared/data/gsm8k/test.jsonl" in text and "task: gsm8k_local" in text
     assert Path(ROOT / "eval" / "lm_eval.py").is_file()
+
+
+def test_long_prompts_are_cut_from_the_left_to_fit(ckpt):
+    from rpt.evaluation.lm_eval_adapter import RPTLM
+
+    lm = RPTLM(pretrained=ckpt, max_length=64)
+    prompt = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(40)) + "def add(a, b):"
+    fitted = lm.fit(prompt, 48)
+    assert len(lm.tokenizer(fitted)["input_ids"]) <= 48 and prompt.endswith(fitted) and fitted.endswith("def add(a, b):")
+    assert lm.fit("def add(a, b):", 48) == "def add(a, b):"
+    assert len(lm.generate_until([_Request(prompt, {"until": ["\n\n"], "max_gen_toks": 8})])) == 1

@@ -124,10 +124,12 @@ class RPTLM(LM):
         if budget < 1:
             raise ValueError(f"max_new_tokens leaves no room for a prompt in {self.max_length} tokens")
         ids = self.tokenizer(prompt)["input_ids"]
+        keep = budget
         while len(ids) > budget:
-            prompt = self.tokenizer.decode(ids[len(ids) - budget:])
-            ids = self.tokenizer(prompt)["input_ids"]
-            budget -= 1  # re-encoding the cut text can take a token more: shrink until it fits
+            cut = self.tokenizer.decode(ids[len(ids) - keep:])
+            if len(self.tokenizer(cut)["input_ids"]) <= budget:
+                return cut
+            keep -= 1  # re-encoding the cut text can take a token more: keep fewer until it fits
         return prompt
 
     # ---- log-likelihoods (NTP) ------------------------------------------------------------------

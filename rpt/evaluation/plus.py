@@ -275,6 +275,10 @@ class Judge:
 def build_job(dataset: str, task: dict, oracle: Oracle, completion: str) -> Job:
     """``prompt + completion`` called on every base, then plus input, under EvalPlus's limits."""
     base_limits, plus_limits = oracle.time_limits("base"), oracle.time_limits("plus")
+    inputs = oracle.inputs(task, "base") + oracle.inputs(task, "plus")
+    if len(inputs) != len(base_limits) + len(plus_limits):
+        raise ValueError(f"{task['task_id']}: {len(inputs)} inputs but {len(base_limits) + len(plus_limits)} expected "
+                         "outputs: the cached expected outputs do not belong to this data")
     return Job(task["prompt"] + completion, mode="calls", entry_point=task["entry_point"],
                inputs=[_wire.to_json(x) for x in oracle.inputs(task, "base") + oracle.inputs(task, "plus")],
                time_limits=base_limits + plus_limits,
