@@ -100,6 +100,7 @@ class CodeBenchmark(Benchmark):
         """Run each distinct program once (settings often agree), reusing stored results."""
         limits = self.limits(args)
         kind, why = isolation(limits.isolation)
+        self.sandbox = kind
         keys = [self.item_key(r, limits) for r in records]
         unique = list({k: r for k, r in zip(keys, records)}.items())
         done_before = sum(k in store for k, _ in unique)
@@ -120,7 +121,7 @@ class CodeBenchmark(Benchmark):
 
     def metrics(self, args: argparse.Namespace, results: list[dict]) -> dict:
         out = {"n_problems": len({r["task_id"] for r in results}), "n_samples": len(results),
-               **he.pass_at_k(results, args.k)}
+               **he.pass_at_k(results, args.k), "sandbox": getattr(self, "sandbox", None)}
         for split in self.splits:
             out[split] = he.pass_at_k([{**r, "passed": r[f"{split}_passed"]} for r in results], args.k)
         return out
