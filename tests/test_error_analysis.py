@@ -188,6 +188,38 @@ def test_summary_numbers():
     assert s["tv_by_iters"] == pytest.approx({"0": 0.7, "1": 0.625, "2": 0.6, "3": 0.6})
     assert s["frac_improved"] == 0.5  # strict: the tie at position 4 does not count
     assert sum(s["histogram"]["counts"]) == 4 and len(s["histogram"]["bin_edges"]) == ea.HISTOGRAM_BINS + 1
+    assert s["tv_change_1_0"] == pytest.approx(0.625 - 0.7)
+    for lo, hi in [*s["tv_ci_by_iters"].values(), s["tv_change_1_0_ci"], s["frac_improved_ci"]]:
+        assert lo <= hi
+    # with a certified bound of 0.05 at k = 1: position 1 (+0.3) is improved for sure, position 4
+    # (0.0) possibly, position 2 (-0.1) never
+    bound = np.array([[0.0, 0.05, 0.1, 0.1]] * 4)
+    b = ea.summarise(probs, bound)
+    assert b["tv_change_1_0_bound"] == pytest.approx(0.05)
+    assert (b["frac_improved_certain"], b["frac_improved_possible"]) == (0.5, 0.75)
+
+
+def test_bootstrap_intervals_match_the_normal_approximation():
+    """An independent truth: for a mean of n = 4000 Bernoulli(0.3) draws the 95% interval is
+    p +- 1.96 sqrt(p (1 - p) / n); and the paired interval of a difference uses the pairing."""
+    rng = np.random.default_rng(5)
+    x = (rng.random(4000) < 0.3).astype(float)
+    lo, hi = ea.bootstrap_ci(x)
+    half = 1.96 * np.sqrt(x.mean() * (1 - x.mean()) / len(x))
+    assert lo == pytest.approx(x.mean() - half, abs=0.004) and hi == pytest.approx(x.mean() + half, abs=0.004)
+    # p_1 = p_0 + 0.01 at every position: the change is exactly -0.01 with a zero-width interval,
+    # although each eps_k on its own has a wide one
+    p0 = rng.random(500)
+    s = ea.summarise(np.stack([p0, p0 + 0.01], axis=1))
+    assert s["tv_change_1_0_ci"] == pytest.approx([-0.01, -0.01])
+    assert s["tv_ci_by_iters"]["0"][1] - s["tv_ci_by_iters"]["0"][0] > 0.03
+    assert s["tv_change_1_0_verdict"].endswith("RPT (k = 1) lowers the error")
+    # a change well inside the noise is not called an improvement
+    noisy = ea.summarise(np.stack([p0, np.clip(p0 + rng.normal(0, 0.05, 500) + 0.0005, 0, 1)], axis=1))
+    assert noisy["tv_change_1_0_verdict"].endswith("not distinguishable from no change")
+    # nor one inside the estimator's bound
+    bounded = ea.summarise(np.stack([p0, p0 + 0.01], axis=1), np.array([[0.0, 0.02]] * 500))
+    assert bounded["tv_change_1_0_verdict"].endswith("not distinguishable from no change")
 
 
 # ---- (4) the script end to end ---------------------------------------------------------------------
@@ -226,6 +258,10 @@ def test_script_end_to_end(checkpoint, tmp_path, capsys):
     assert summary["estimator"] == {"name": "top-m", "m": 8}
     assert all(0.0 <= v <= 1.0 for v in summary["tv_by_iters"].values())
     assert out.with_suffix(".md").read_text().startswith("# RPT error analysis")
+    md = out.with_suffix(".md").read_text()
+    assert "95% CI (bootstrap)" in md and "eps_1 - eps_0" in md and summary["tv_change_1_0_verdict"] in md
+    lo, hi = summary["tv_change_1_0_ci"]
+    assert lo <= summary["tv_change_1_0"] <= hi and summary["tv_change_1_0_bound"] >= 0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert len(out.with_name("ea.items.jsonl").read_text().splitlines()) == 10
     # A rerun on the same output resumes: nothing recomputed, same numbers.

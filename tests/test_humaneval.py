@@ -71,23 +71,19 @@ def test_limit_counts_problems_not_lines(script, tmp_path):
     assert [r["task_id"] for r in json.loads(out.read_text())["results"]] == ["HumanEval/5"] * 2 + ["HumanEval/7"]
 
 
-def test_rerun_on_same_out_skips_finished_items(script, tmp_path, monkeypatch):
+def test_rerun_on_same_out_skips_finished_items(script, tmp_path):
     out = tmp_path / "he.json"
     args = ["--completions", "canonical", "--limit", "3", "--out", str(out)]
     assert script.main(args) == 0
+    store = ResultStore(out)
+    assert len(store) == 3
+    items = store.path.read_bytes()
+    assert script.main(args) == 0  # nothing executed again: the store gains no line
+    assert store.path.read_bytes() == items and json.loads(out.read_text())["pass@1"] == 1.0
+    assert script.main([*args, "--timeout", "20"]) == 0  # other limits: other results
+    assert len(ResultStore(out)) == 6
+    assert script.main([*args, "--fresh"]) == 0
     assert len(ResultStore(out)) == 3
-
-    def no_execution(programs, **kwargs):
-        assert list(programs) == [], "finished items were executed again"
-        return []
-
-    monkeypatch.setattr(he, "run_programs", no_execution)
-    assert script.main(args) == 0
-    assert json.loads(out.read_text())["pass@1"] == 1.0
-    with pytest.raises(AssertionError, match="executed again"):
-        script.main([*args, "--timeout", "20"])  # other limits: other results
-    with pytest.raises(AssertionError, match="executed again"):
-        script.main([*args, "--fresh"])
 
 
 def test_result_store_drops_a_torn_last_line(tmp_path):
@@ -134,10 +130,13 @@ def test_truncate_completion_stops_at_the_end_of_the_function(problems):
     assert all(he.truncate_completion(p["canonical_solution"]) == p["canonical_solution"] for p in problems.values())
 
 
-def test_program_runs_the_check_last(problems):
-    program = he.build_program(problems["HumanEval/0"], "    return True\n")
-    assert program.startswith(problems["HumanEval/0"]["prompt"] + "    return True\n")
-    assert program.rstrip().endswith("check(has_close_elements)")
+def test_the_check_runs_here_and_the_program_in_the_sandbox(problems):
+    problem = problems["HumanEval/0"]
+    assert he.check_completion(problem, problem["canonical_solution"]) == (True, "passed")
+    assert he.check_completion(problem, "    return True\n")[1].startswith("failed: AssertionError")
+    # the test's expected values never reach the program: it cannot find the check in its process
+    peek = "    import gc\n    return any(getattr(o, '__name__', '') == 'check' for o in gc.get_objects())\n"
+    assert he.check_completion(problem, peek)[1].startswith("failed: AssertionError")
 
 
 @pytest.mark.parametrize("rows, message", [

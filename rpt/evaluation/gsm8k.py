@@ -159,3 +159,84 @@ def score(records: Sequence[dict], problems: Sequence[dict]) -> list[dict]:
             "correct": answers_match(prediction, gold),
         })
     return results
+
+
+# ---- the benchmark script's specification (eval/gsm8k.py) ------------------------------------------
+def _benchmark_base():
+    from rpt.evaluation.script import Benchmark  # the skeleton pulls in torch: only scripts need it
+
+    return Benchmark
+
+
+class GSM8K(_benchmark_base()):
+    """GSM8K for :func:`rpt.evaluation.script.run`: k-shot chain of thought, exact numeric answer."""
+
+    name = "gsm8k"
+    title = "GSM8K"
+    default_out = "runs/eval/gsm8k.json"
+    id_field = "idx"
+    metric = "accuracy"
+    given = "gold"
+
+    def __init__(self, description: str = "") -> None:
+        self.description = description
+
+    def add_args(self, parser) -> None:
+        parser.add_argument("--data", default=None, help="local JSONL of {question, answer}; default: the hub")
+        parser.add_argument("--split", default="test", help="hub split when --data is not given")
+        parser.add_argument("--shots", type=int, default=DEFAULT_SHOTS, help="few-shot examples in the prompt")
+        parser.add_argument("--train-data", default=None,
+                            help="local JSONL the shots come from (default: train.jsonl beside --data, else the hub)")
+
+    def check_args(self, parser, args) -> None:
+        if args.shots < 0:
+            parser.error("--shots must be >= 0")
+
+    def load(self, args) -> list[dict]:
+        return load_gsm8k(args.data, args.split)
+
+    def given_records(self, args, problems: list[dict]) -> list[dict]:
+        if args.completions == "gold":
+            records = [{"idx": i, "completion": gold_completion(p["answer"])} for i, p in enumerate(problems)]
+        else:
+            records = read_completions(args.completions, len(problems))
+        return jsonl.first_groups(records, "idx", args.limit)
+
+    def prefix(self, args) -> str:
+        """The fixed ``--shots``-shot prefix from the train split."""
+        if args.shots == 0:
+            return ""
+        train_data = args.train_data
+        if train_data is None and args.data is not None:
+            beside = Path(args.data).with_name("train.jsonl")
+            if beside.is_file() and beside.resolve() != Path(args.data).resolve():
+                train_data = str(beside)
+        return fewshot_prefix(load_gsm8k(train_data, "train"), args.shots)
+
+    def items(self, args, problems: list[dict]) -> list[dict]:
+        prefix = self.prefix(args)
+        return [{"id": i, "prompt": build_prompt(prefix, p["question"])} for i, p in enumerate(problems[: args.limit])]
+
+    def stop(self, args) -> list[str]:
+        return list(STOP_SEQUENCES)
+
+    def record(self, item_id, completion: str) -> dict:
+        return {"idx": item_id, "completion": truncate_at_stop(completion)}
+
+    def score(self, args, problems: list[dict], records: list[dict], store) -> list[dict]:
+        results = score(records, problems)
+        if args.checkpoint is not None:  # generated answers are kept beside their scores
+            results = [{**r, "completion": rec["completion"]} for r, rec in zip(results, records)]
+        return results
+
+    def metrics(self, args, results: list[dict]) -> dict:
+        n = len(results)
+        return {"n": n, "accuracy": sum(r["correct"] for r in results) / n if n else 0.0}
+
+    def header(self, args) -> dict:
+        data = args.data or f"hub:{'/'.join(HUB_DATASET)}:{args.split}"
+        return {"data": data} if args.completions is not None else {"data": data, "shots": args.shots}
+
+    def failures(self, results: list[dict]) -> tuple[list[str], list[list]]:
+        wrong = [[r["idx"], r["prediction"], r["gold"]] for r in results if not r["correct"]]
+        return ["wrong idx (first 50)", "prediction", "gold"], wrong[:50]

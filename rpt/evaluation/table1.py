@@ -1,0 +1,151 @@
+"""The RPT paper's Table 1 in one command: HumanEval+, MBPP+ and GSM8K for NTP (k = 0) and RPT
+(k = 1, 2) at w = 2, plus the w = 3 rows of App. B.1, each the best over temperatures, with the
+relative change against k = 0; greedy PTP, confidence 0.9 (the sampler's defaults).
+
+The work is done by the benchmark scripts' skeleton (:func:`rpt.evaluation.script.run`), one run
+per benchmark and window, each with its own ``--out`` (and so its own resumable store) under the
+output folder: ``humaneval_plus_w2.json``, ``mbpp_plus_w2.json``, ``gsm8k_w2.json``, ``..._w3.json``.
+Rerunning the command reuses everything already generated or executed. The table reads only
+those files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rpt.evaluation.report import save_figure, write_json, write_markdown
+
+# (column title, benchmark key, score key in the benchmark's JSON)
+COLUMNS = (("HumanEval+", "humaneval_plus", "pass@1"), ("MBPP+", "mbpp_plus", "pass@1"),
+           ("GSM8K", "gsm8k", "accuracy"))
+PAPER_ITERS = {2: (0, 1, 2), 3: (1, 2)}  # k = 0 does not depend on w: it is measured once, at w = 2
+
+
+@dataclass(frozen=True)
+class Run:
+    """One benchmark script run: benchmark key, window, the iterations it sweeps."""
+
+    benchmark: str
+    window: int
+    iters: tuple[int, ...]
+
+    def out(self, folder: Path) -> Path:
+        return folder / f"{self.benchmark}_w{self.window}.json"
+
+
+def plan(windows: Sequence[int], iters: Sequence[int], benchmarks: Sequence[str]) -> list[Run]:
+    """The runs: every benchmark at every window; k = 0 only with the first window."""
+    runs = []
+    for j, w in enumerate(windows):
+        ks = tuple(k for k in iters if k > 0 or j == 0)
+        if ks:
+            runs += [Run(b, w, ks) for b in benchmarks]
+    return runs
+
+
+def argv_for(run: Run, args: argparse.Namespace) -> list[str]:
+    """The benchmark script's command line for ``run``."""
+    common = ["--checkpoint", args.checkpoint, "--out", str(run.out(Path(args.out))), "--rpt-window", str(run.window),
+              "--rpt-iters", *map(str, run.iters), "--temperatures", *map(str, args.temperatures),
+              "--confidence", str(args.confidence), "--batch-size", str(args.batch_size), "--device", args.device,
+              "--dtype", args.dtype, "--seed", str(args.seed)]
+    if args.limit is not None:
+        common += ["--limit", str(args.limit)]
+    if args.max_new_tokens is not None:
+        common += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.fresh:
+        common += ["--fresh"]
+    if run.benchmark == "humaneval_plus":
+        return ["--plus", *common, "--isolation", args.isolation, *_data_dir(args)]
+    if run.benchmark == "mbpp_plus":
+        return [*common, "--isolation", args.isolation, *_data_dir(args)]
+    return [*common, "--data", args.gsm8k_data, "--shots", str(args.shots)]
+
+
+def _data_dir(args) -> list[str]:
+    return ["--data-dir", args.evalplus_dir] if args.evalplus_dir else []
+
+
+def rows_from(outputs: dict[Run, dict]) -> list[dict]:
+    """Table rows ``{window, rpt_iters, <column>: {score, temperature}}`` from the runs' JSON."""
+    cells: dict[tuple[int, int], dict] = {}
+    for run, summary in outputs.items():
+        title, metric = next((t, m) for t, b, m in COLUMNS if b == run.benchmark)
+        for k, best in summary["best_of_temperatures"].items():
+            key = (run.window if int(k) > 0 else 0, int(k))
+            cells.setdefault(key, {"window": key[0] or None, "rpt_iters": int(k)})[title] = {
+                "score": best[metric], "temperature": best["temperature"]}
+    rows = [cells[key] for key in sorted(cells, key=lambda wk: (wk[1] > 0, wk[0], wk[1]))]
+    base = next((r for r in rows if r["rpt_iters"] == 0), None)
+    for row in rows:
+        for title, _, _ in COLUMNS:
+            cell = row.get(title)
+            if cell is None or base is None or title not in base:
+                continue
+            ref = base[title]["score"]
+            cell["change"] = cell["score"] - ref
+            cell["relative_change"] = (cell["score"] - ref) / ref if ref > 0 else None
+    return rows
+
+
+def _fmt(cell: dict | None, relative: bool) -> str:
+    if cell is None:
+        return ""
+    text = f"{100 * cell['score']:.1f}"
+    if relative and "change" in cell:
+        rel = cell.get("relative_change")
+        text += f" ({'+' if cell['change'] >= 0 else ''}{100 * rel:.1f}%)" if rel is not None else \
+            f" ({'+' if cell['change'] >= 0 else ''}{100 * cell['change']:.1f} pt)"
+    return text
+
+
+def markdown_rows(rows: list[dict]) -> tuple[list[str], list[list]]:
+    headers = ["sampler", "w", "k", *(t for t, _, _ in COLUMNS)]
+    body = []
+    for row in rows:
+        name = "NTP" if row["rpt_iters"] == 0 else "RPT"
+        body.append([name, row["window"] or "", row["rpt_iters"],
+                     *(_fmt(row.get(t), row["rpt_iters"] > 0) for t, _, _ in COLUMNS)])
+    return headers, body
+
+
+def plot(rows: list[dict], title: str):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 3.4))
+    ax = fig.add_subplot()
+    labels = ["NTP" if r["rpt_iters"] == 0 else f"RPT w={r['window']} k={r['rpt_iters']}" for r in rows]
+    width = 0.8 / max(1, len(rows))
+    for j, (row, label) in enumerate(zip(rows, labels)):
+        xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(COLUMNS))]
+        ys = [100 * row[t]["score"] if t in row else math.nan for t, _, _ in COLUMNS]
+        bars = ax.bar(xs, ys, width * 0.95, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(range(len(COLUMNS)), [t for t, _, _ in COLUMNS])
+    ax.set_ylabel("score (%), best over temperatures")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def write_outputs(folder: Path, checkpoint: str, rows: list[dict], runs: list[Run], notes: dict) -> list[Path]:
+    table = {"checkpoint": checkpoint, "columns": [t for t, _, _ in COLUMNS],
+             "metrics": {t: m for t, _, m in COLUMNS}, "rows": rows, **notes,
+             "runs": [{"benchmark": r.benchmark, "window": r.window, "rpt_iters": list(r.iters),
+                       "out": str(r.out(folder))} for r in runs]}
+    text = (f"Checkpoint `{checkpoint}`. Each cell: the best over temperatures {notes['temperatures']} "
+            f"(HumanEval+ / MBPP+: pass@1 on base + extra tests; GSM8K: accuracy, {notes['shots']}-shot), in %; "
+            "RPT rows: the relative change against NTP (k = 0) in brackets, or the change in points where NTP "
+            f"scores 0. Greedy PTP, confidence {notes['confidence']}. Problems per benchmark: "
+            f"{notes['limit'] or 'all'}.")
+    return [
+        write_json(folder / "table1.json", table),
+        write_markdown(folder / "table1.md", "Table 1: NTP vs RPT", [markdown_rows(rows)], text),
+        save_figure(plot(rows, f"Table 1 ({checkpoint})"), folder / "table1.png"),
+    ]
