@@ -26,11 +26,12 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
+from rpt.queries import ModelQueries, Visibility
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.rpt import generate
+from rpt.sampling.fast_decoder import generate
 
 SIZES = {
     # the issue's CPU model
@@ -78,32 +79,33 @@ def timed(fn, device: str):
 def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fused: bool) -> tuple[float, torch.Tensor]:
     """Tokens/s of the model calls alone of one greedy NTP decode, and its ``[batch, new_tokens]`` tokens.
 
-    ``fused`` feeds each call as the RPT decoder's common path does: x_n twice, as the NTP query
-    and as the PTP query for x_{n-1}; only the NTP row picks the next token.
+    The calls are the decoders' own (:class:`rpt.queries.ModelQueries` on a position-addressed
+    cache); ``fused`` feeds each as the RPT decoder's common path does: x_n twice, as the NTP
+    query (column n) and as the PTP query for x_{n-1} (offset row 1, a scratch column past n, seeing
+    only x_{<n-1}); only the NTP query picks the next token.
     """
     device = prompt.device
     batch, length = prompt.shape
-    cache = DynamicCache(config=model.config)
-    token = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)
-    neg = torch.finfo(model.dtype).min
-    offsets = torch.tensor([[0, 1]], device=device).expand(batch, 2)
+    queries = ModelQueries(model, length + new_tokens + 2)
+    cols = torch.arange(length, device=device)
+    logits = queries(prompt, cols.expand(batch, -1), cols, Visibility(cols), kv_len=length, keep=1)
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    offsets = torch.tensor([0, 1], device=device).expand(batch, 2)
     generated = [token.tolist()]
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(new_tokens):
+        n = length  # the column of the token just proposed
         if fused:
-            # keys: the cache (x_<n) | x_n as NTP query | x_n as the PTP query for x_{n-1}
-            mask = torch.zeros(batch, 1, 2, length + 2, dtype=model.dtype, device=device)
-            mask[:, :, 0, length + 1] = neg  # the NTP query never sees the PTP query
-            mask[:, :, 1, length - 1: length + 1] = neg  # the PTP query hides x_{n-1} and x_n's NTP twin
-            position = torch.full((batch, 2), length, device=device)
-            logits = model(token.expand(batch, 2), position_ids=position, offset_ids=offsets, attention_mask=mask,
-                           past_key_values=cache, use_cache=True, logits_to_keep=2).logits
-            cache.crop(-1)
+            columns = torch.tensor([n, n + 1], device=device)
+            vis = Visibility(torch.tensor([n, n - 2], device=device), chain=torch.tensor([0, 1], device=device))
+            logits = queries(token.expand(batch, 2), columns.expand(batch, 2), columns, vis, kv_len=n + 2,
+                             offsets=offsets, keep=2)
         else:
-            position = torch.full((batch, 1), length, device=device)
-            logits = model(token, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            column = torch.tensor([n], device=device)
+            logits = queries(token, column.expand(batch, 1), column, Visibility(column), kv_len=n + 1, keep=1,
+                             plain=True)
         token = logits[:, 0].argmax(-1, keepdim=True)
         generated.append(token.tolist())  # the decoders bring each call's proposals to the host once
         length += 1

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 import sample
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.rpt import generate
+from rpt.sampling.fast_decoder import generate
 from tests.tiny_models import tiny_llama
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
