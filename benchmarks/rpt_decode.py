@@ -99,7 +99,7 @@ def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fus
         n = length  # the column of the token just proposed
         if fused:
             columns = torch.tensor([n, n + 1], device=device)
-            vis = Visibility(torch.tensor([n, n - 2], device=device), chain=torch.tensor([0, 1], device=device))
+            vis = Visibility(torch.tensor([n, n - 2], device=device))
             logits = queries(token.expand(batch, 2), columns.expand(batch, 2), columns, vis, kv_len=n + 2,
                              offsets=offsets, keep=2)
         else:

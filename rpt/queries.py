@@ -9,12 +9,12 @@ and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache 
 * the **sequence** columns ``start[b] .. limit[b, q]`` (a row's left padding lies before
   ``start``; an NTP query at column c has ``limit = c``, a PTP chain predicting ``x_j`` has
   ``limit = j - 1``: it must not see the token it may replace);
-* its **own** column (so no query ever has an empty softmax row);
-* the queries of the same call with the same nonzero ``chain`` id that come before it (a PTP
-  chain ``x_{j+1}, ..., x_t`` written in scratch columns past the end of the sequence).
+* the columns ``since[q] .. columns[q]``: its own (so no query ever has an empty softmax row) and,
+  for a PTP chain ``x_{j+1}, ..., x_t`` written in consecutive scratch columns past the end of the
+  sequence, the chain's earlier tokens.
 
-This module owns the mask format (an additive float mask ``[batch, 1, Q, kv_len]``: eager
-attention adds it to the scores, sdpa accepts it as is) and the attention-implementation check:
+This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
+float one for eager attention, which adds it to the scores) and the attention-implementation check:
 ``sdpa`` and ``eager`` take the mask directly; ``flex_attention`` and ``flash_attention_2/3`` (which
 read a 4D mask as a padding mask, or need a ``BlockMask``) run these calls with ``sdpa``, switched
 for the call and back; anything else is a ``ValueError`` naming the implementation and ``sdpa``.
@@ -40,16 +40,16 @@ QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass
 class Visibility:
-    """What each query of a call may attend to (see the module docstring).
+    """What each query of a call may attend to: two column ranges (see the module docstring).
 
-    ``start``: ``[batch]`` first visible sequence column per row (None: 0). ``limit``: ``[Q]`` or
-    ``[batch, Q]`` last visible sequence column per query. ``chain``: ``[Q]`` chain ids (None: no
-    chains; 0 = in no chain).
+    ``limit``: ``[Q]`` or ``[batch, Q]`` last visible sequence column per query; ``start``: ``[batch]``
+    first one per row (None: 0). ``since``: ``[Q]`` first column of the query's own run in this call (a
+    PTP chain's first token; None: only its own column), visible up to the query's own column.
     """
 
     limit: torch.Tensor
     start: torch.Tensor | None = None
-    chain: torch.Tensor | None = None
+    since: torch.Tensor | None = None
 
 
 def visibility_mask(vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -59,14 +59,8 @@ def visibility_mask(vis: Visibility, columns: torch.Tensor, kv_len: int) -> torc
     allowed = key <= limit[..., None]
     if vis.start is not None:
         allowed = allowed & (key >= vis.start[:, None, None])
-    q = columns.shape[0]
-    own = torch.zeros(q, kv_len, dtype=torch.bool, device=columns.device)
-    if vis.chain is not None:
-        order = torch.arange(q, device=columns.device)
-        same = (vis.chain[:, None] == vis.chain[None, :]) & (vis.chain[:, None] > 0) & (order[None, :] <= order[:, None])
-        own[:, columns] = same  # earlier queries of its chain, by the columns they write
-    own[torch.arange(q, device=columns.device), columns] = True
-    return allowed | own
+    since = columns if vis.since is None else vis.since
+    return allowed | ((key >= since[:, None]) & (key <= columns[:, None]))
 
 
 def implementation_of(model) -> str:
@@ -144,6 +138,7 @@ class ModelQueries:
                  compile_backend: str = "inductor"):
         self.model = model
         self.switch = check_attention(model)
+        self.bool_mask = (self.switch or implementation_of(model)) == "sdpa"
         self.cache = PositionKVCache.for_model(model, capacity)
         self.capacity = capacity
         self.dtype = model.dtype
@@ -156,8 +151,11 @@ class ModelQueries:
         self.calls = 0
 
     def mask(self, vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """The additive ``[batch or 1, 1, Q, kv_len]`` mask the model's attention adds to its scores."""
-        return torch.where(visibility_mask(vis, columns, kv_len), self._zero, self._neg)[:, None]
+        """The ``[batch or 1, 1, Q, kv_len]`` mask: boolean for sdpa, additive (0 / -inf-ish) for eager."""
+        allowed = visibility_mask(vis, columns, kv_len)[:, None]
+        if self.bool_mask:
+            return allowed
+        return torch.where(allowed, self._zero, self._neg)
 
     def _step(self, ids, positions, offsets, mask, columns, keep):
         self.cache.columns = columns
@@ -208,8 +206,8 @@ class ModelQueries:
             if offsets is not None:
                 offsets = torch.cat([offsets, offsets.new_zeros(batch, extra)], 1)
             limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1)
-            chain = None if vis.chain is None else torch.cat([vis.chain, vis.chain.new_zeros(extra)])
-            vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, chain)
+            since = None if vis.since is None else torch.cat([vis.since, spare])
+            vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
         self.cache.kv_len = self.capacity

@@ -104,11 +104,13 @@ class _Block:
     keep_prev: bool  # logits at column n - 1 (NTP re-proposal of x_n)
 
     def rows(self) -> list[tuple[int, int, int, int, int]]:
-        """Per query: (source column, write column, last visible column, chain id, offset row), minus n."""
-        out = [(q - self.region + 1,) * 3 + (0, 0) for q in range(self.region)]
+        """Per query: (source column, write column, last visible sequence column, first column of its
+        chain, offset row), all minus n."""
+        out = [(q - self.region + 1,) * 4 + (0,) for q in range(self.region)]
         for lag in self.lags:
+            first = len(out) - self.region + 1
             for m in range(lag):  # x_{j+1+m}, j = n - lag, in the next scratch column
-                out.append((m - lag + 1, len(out) - self.region + 1, -lag - 1, lag, m + 1))
+                out.append((m - lag + 1, first + m, -lag - 1, first, m + 1))
         return out
 
     def keep(self) -> list[int]:
@@ -127,8 +129,7 @@ class _Pattern:
     def __init__(self, block: _Block, device: torch.device):
         table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
         self.rel = block.rows()
-        self.src, self.write, self.limit, chain, offsets = table.unbind(1)
-        self.chain = chain if block.lags else None
+        self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
         self.offsets = offsets if block.lags else None
         keep = block.keep()
         q = table.shape[0]
@@ -245,10 +246,13 @@ class _Decoder:
         return _Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
 
     def _apply_writes(self) -> None:
-        if self.writes:
+        if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
+            for b, c, token in self.writes:
+                self.seqs[b, c] = token
+        elif self.writes:
             w = torch.tensor(self.writes, dtype=torch.long).to(self.device)
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
-            self.writes.clear()
+        self.writes.clear()
 
     def _ids(self, pattern: _Pattern, n: int) -> torch.Tensor:
         """``[batch, Q]`` tokens of the block: the region's (a row's guess at column n) and the chains'."""
@@ -262,7 +266,7 @@ class _Decoder:
         src, write = pattern.src + n, pattern.write + n
         positions = (src[None] - self.pads[:, None]).clamp_(min=0)
         offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
-        vis = Visibility(pattern.limit + n, self.start_cols, pattern.chain)
+        vis = Visibility(pattern.limit + n, self.start_cols, pattern.since + n)
         plain = block.region == 1 and not block.lags and self.start_cols is None  # x_n alone sees every column
         return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
                             keep=pattern.keep, plain=plain)
