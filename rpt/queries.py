@@ -210,6 +210,8 @@ class ModelQueries:
             vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
+        elif offsets is not None:
+            offsets = offsets.contiguous()  # an expanded (stride 0) tensor would be a second graph
         self.cache.kv_len = self.capacity
         logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
         if keep is None:

@@ -245,12 +245,18 @@ class _Decoder:
         region = n + 1 - start
         return _Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
 
+    def _to_device(self, values: list) -> torch.Tensor:
+        """A host list as a device tensor; on CUDA through pinned memory, so the copy does not wait for
+        the GPU (a copy from pageable memory synchronises the stream)."""
+        t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
+
     def _apply_writes(self) -> None:
         if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
             for b, c, token in self.writes:
                 self.seqs[b, c] = token
         elif self.writes:
-            w = torch.tensor(self.writes, dtype=torch.long).to(self.device)
+            w = self._to_device(self.writes)
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
@@ -260,7 +266,7 @@ class _Decoder:
         for s in self.slots:
             rows.append([s.feed.get(n + src, s.token(n + src)) if w == src else s.token(n + src)
                          for src, w, _, _, _ in pattern.rel])
-        return torch.tensor(rows, dtype=torch.long).to(self.device)
+        return self._to_device(rows)
 
     def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
         src, write = pattern.src + n, pattern.write + n
@@ -271,7 +277,14 @@ class _Decoder:
         return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
                             keep=pattern.keep, plain=plain)
 
-    def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, chains: dict, n: int
+    def _iterations(self, block: _Block, chains: dict) -> torch.Tensor | None:
+        """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
+        if not block.lags:
+            return None
+        return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
+                                for lag in block.lags])
+
+    def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
                  ) -> list[list[int]]:
         """Every proposal of the call, ``[batch, ...]`` on the host with one transfer."""
         out, at = [], 0
@@ -284,9 +297,7 @@ class _Decoder:
             out.append(self.proposer.ntp(self.seqs[:, :n], logits[:, at], position))
             at += 1
         for i, lag in enumerate(block.lags):
-            its = [chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
-            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position,
-                                                 torch.tensor(its, device=self.device), lag)
+            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, its[i], lag)
             out += [tokens[:, None], accepted[:, None].long()]
         return torch.cat(out, dim=1).tolist()
 
@@ -321,10 +332,10 @@ class _Decoder:
         pattern = self._patterns.get(block)
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device)
-        self._apply_writes()
-        ids = self._ids(pattern, n)
+        self._apply_writes()  # host-to-device copies first, while the device is idle
+        ids, its = self._ids(pattern, n), self._iterations(block, chains)
         logits = self._call(block, ids, pattern, n)
-        vals = self._propose(logits, ids, block, chains, n)
+        vals = self._propose(logits, ids, block, its, n)
         self._deliver(live, vals, block, chains, n)
 
     # ---- the decode loop ---------------------------------------------------------------------------

@@ -48,8 +48,9 @@ def uniforms(seeds: torch.Tensor, position, iteration, kind, draws: int = 1) -> 
     device = seeds.device
 
     def column(x) -> torch.Tensor:
-        t = torch.as_tensor(x, dtype=torch.long, device=device)
-        return t.reshape(-1, 1) if t.dim() else t.expand(seeds.shape[0]).reshape(-1, 1)
+        if isinstance(x, torch.Tensor):
+            return x.to(device=device, dtype=torch.long).reshape(-1, 1)
+        return torch.full((seeds.shape[0], 1), int(x), dtype=torch.long, device=device)  # a fill, no copy
 
     its = column(iteration) + torch.arange(draws, device=device)
     h = torch.full_like(its, 0x2545F491)
