@@ -145,6 +145,12 @@ def main() -> None:
     if args.compile:
         decoders.update({"ntp compiled": (ntp_cfg, True), "rpt compiled": (rpt_cfg, True)})
 
+    report(args, model, *measure(args, model, prompt, decoders))
+
+
+def measure(args, model: RPTForCausalLM, prompt: torch.Tensor, decoders: dict) -> tuple:
+    """Alternate every decoder, HF ``generate`` and the bare calls ``--repeats`` times."""
+
     def hf():
         return model.lm.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                                  do_sample=False, pad_token_id=0)
@@ -172,7 +178,7 @@ def main() -> None:
         if not args.no_hf:
             dt, out = timed(hf, args.device)
             hf_rates.append((out.shape[1] - args.prompt_tokens) * args.batch / dt)
-    report(args, model, runs, stats, hf_rates, bare)
+    return runs, stats, hf_rates, bare
 
 
 def report(args, model, runs: dict, stats: dict, hf_rates: list, bare: dict) -> None:
