@@ -270,7 +270,10 @@ class _Decoder:
 
     def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
         src, write = pattern.src + n, pattern.write + n
-        positions = (src[None] - self.pads[:, None]).clamp_(min=0)
+        if self.start_cols is None:  # no left padding: positions are columns
+            positions = src[None].expand(ids.shape[0], -1)
+        else:
+            positions = (src[None] - self.pads[:, None]).clamp_(min=0)
         offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
         vis = Visibility(pattern.limit + n, self.start_cols, pattern.since + n)
         plain = block.region == 1 and not block.lags and self.start_cols is None  # x_n alone sees every column
@@ -279,7 +282,7 @@ class _Decoder:
 
     def _iterations(self, block: _Block, chains: dict) -> torch.Tensor | None:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
-        if not block.lags:
+        if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
             return None
         return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
                                 for lag in block.lags])
@@ -297,7 +300,8 @@ class _Decoder:
             out.append(self.proposer.ntp(self.seqs[:, :n], logits[:, at], position))
             at += 1
         for i, lag in enumerate(block.lags):
-            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, its[i], lag)
+            it = None if its is None else its[i]
+            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, it, lag)
             out += [tokens[:, None], accepted[:, None].long()]
         return torch.cat(out, dim=1).tolist()
 
