@@ -8,8 +8,9 @@ call, build its inputs, call the model, propose, hand the answers back.
 
 **Layout.** The prompts are left-padded to width ``W``; every row's position p sits at column
 ``p + pad``. Rows advance in lockstep: all settle column ``n`` before any moves to ``n + 1`` (so the
-processors see one ``[batch, n + 1]`` context). Cache column c holds the NTP KV of the token at
-column c; ``valid_upto`` is the first column whose KV is not the current token's.
+processors see one ``[batch, n + 1]`` context). Cache column c holds the NTP KV of the token last
+fed at column c; the driver remembers which token that was (``_Slot.kv``), so the cache serves a
+row up to its first column whose token changed since, whatever changed it.
 
 **A call at column n** feeds, for every row, the same block of queries:
 
@@ -25,7 +26,10 @@ column c; ``valid_upto`` is the first column whose KV is not the current token's
 sweep needs its chains, and the call that computes them also feeds ``x_n`` and so gives the proposal
 for ``x_{n+1}``: one call per token, and one device-to-host transfer per call (every proposal and
 acceptance of the call together). After an accepted correction at column j the columns from j on
-are stale; the next call's region starts at j and rewrites them.
+are stale; the next call's region starts at j and rewrites them. At temperature > 0 every sweep is
+followed by a redraw of ``x_n`` whose value is known before the call (a keyed draw from logits the
+driver has, unless the sweep changes the prefix): the call feeds that value at column n instead of
+the current one, so its logits at n are already those the next position needs.
 """
 
 from __future__ import annotations
