@@ -34,6 +34,9 @@ class PositionLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros(*shape, k_dim)
         self.values = value_states.new_zeros(*shape, value_states.shape[-1])
         self.dtype, self.device = key_states.dtype, key_states.device
+        if not torch.compiler.is_compiling():  # fixed addresses, as HF's StaticLayer: what CUDA graphs need
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

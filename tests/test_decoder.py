@@ -418,12 +418,15 @@ def test_attention_implementations_give_sdpas_tokens(attn):
     """eager takes the 4D mask as sdpa does; flex / flash attention (which would misread it) run the
     decoder's calls with sdpa, and the model is left as it was."""
     ids, mask = prompts(3, seed=9)
-    for cfg in (SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.0),
-                SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.1, temperature=1.0,
-                               ptp_greedy=False, seed=3)):
-        want = generate(same_weights("sdpa"), ids, cfg, attention_mask=mask)
+    cases = [(SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.0), ids, mask),
+             (SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.1, temperature=1.0,
+                             ptp_greedy=False, seed=3), ids, mask),
+             # one unpadded row: its mask-free NTP calls too
+             (SamplingConfig(max_new_tokens=10, rpt_iters=1, rpt_window=2, confidence=0.0), ids[:1], None)]
+    for cfg, x, m in cases:
+        want = generate(same_weights("sdpa"), x, cfg, attention_mask=m)
         model = same_weights(attn)
-        got = generate(model, ids, cfg, attention_mask=mask)
+        got = generate(model, x, cfg, attention_mask=m)
         assert torch.equal(got.sequences, want.sequences)
         assert model.lm.config._attn_implementation == attn
 
