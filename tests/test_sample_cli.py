@@ -262,6 +262,8 @@ def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_
     for extra in (["--batch-size", 2], ["--reference"]):
         code, out, err = run(capsys, *args, *extra)
         assert code == 0, err
-        assert [json.loads(line)["completion"] for line in out.splitlines()] == [o["text"] for o in one]
+        recs = [json.loads(line) for line in out.splitlines()]
+        assert [r["completion"] for r in recs] == [o["text"] for o in one]
+        assert f"stats: {sum(r['new_tokens'] for r in recs)} new tokens" in err  # each batch counted once
     code, _, err = run(capsys, *args, "--compile", "--reference")
     assert code == 2 and "--compile" in err

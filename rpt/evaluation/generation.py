@@ -57,7 +57,7 @@ def generate_texts(
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
     done = complete(model, tokenizer, encoded, config, batch_size=batch_size, row_seeds=row_seeds, on_batch=on_batch)
     return [{"text": c.text, "prompt_ids": c.prompt_ids, "new_ids": c.new_ids, "finish_reason": c.finish_reason,
-             "seed": c.seed, "stats": c.stats} for c in done]
+             "seed": c.seed, "stats": dict(c.stats)} for c in done]
 
 
 def process_state():

@@ -22,7 +22,8 @@ from rpt.sampling.stopping import truncate_at_stop
 @dataclass
 class Completion:
     """One prompt's result: ``text`` (after the prompt, cut at the first stop string), the prompt's
-    tokens, the generated tokens, the finish reason, its row seed and the stats of its batch."""
+    tokens, the generated tokens, the finish reason, its row seed and the stats of its batch (the same
+    dict object for every row of a batch)."""
 
     text: str
     prompt_ids: list[int]
@@ -87,10 +88,11 @@ def complete(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Samp
         ids, mask = left_pad(batch, pad_id_of(tokenizer), device)
         result = decode(model, ids, config, mask, tokenizer=tokenizer, streamer=streamer,
                         row_seeds=seeds[start: start + len(batch)], **extra)
+        stats = dict(result.stats)  # one dict per batch, shared by its rows
         for b, prompt in enumerate(batch):
             new = result.generated(b)
             out.append(Completion(completion_text(tokenizer, prompt, result.fed_prompt(b), new, config.stop), prompt,
-                                  new, result.finish_reasons[b], result.row_seeds[b], dict(result.stats)))
+                                  new, result.finish_reasons[b], result.row_seeds[b], stats))
         if on_batch is not None:
             on_batch(len(batch))
     return out
