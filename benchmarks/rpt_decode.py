@@ -130,6 +130,8 @@ def main() -> None:
                     help="torch CPU threads (0: 1 on CPU, where a batch-1 decode of this size only loses to "
                          "thread start-up and to other jobs on a shared machine; torch's default elsewhere)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate reference")
+    ap.add_argument("--hf-static", action="store_true",
+                    help="HF generate with cache_implementation='static' (compiled by HF on CUDA)")
     ap.add_argument("--compile", action="store_true", help="also time generate(..., compile=True)")
     args = ap.parse_args()
     if args.threads or args.device == "cpu":
@@ -151,9 +153,12 @@ def main() -> None:
 def measure(args, model: RPTForCausalLM, prompt: torch.Tensor, decoders: dict) -> tuple:
     """Alternate every decoder, HF ``generate`` and the bare calls ``--repeats`` times."""
 
+    # --hf-static: HF's static cache, which HF's generate compiles itself where it can (CUDA)
+    cache = {"cache_implementation": "static"} if args.hf_static else {}
+
     def hf():
         return model.lm.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                 do_sample=False, pad_token_id=0)
+                                 do_sample=False, pad_token_id=0, **cache)
 
     runs = {name: [] for name in decoders}
     stats = {}
@@ -196,7 +201,8 @@ def report(args, model, runs: dict, stats: dict, hf_rates: list, bare: dict) -> 
     ntp, rpt = rates["ntp (rpt_iters=0)"], rates["rpt (k=1, w=2, eta=0.9)"]
     if hf_rates:
         hf_rate = statistics.median(hf_rates)
-        print(f"{'HF generate greedy (NTP)':<26} {hf_rate:9.1f} tokens/s")
+        name = "HF generate, static cache" if args.hf_static else "HF generate greedy (NTP)"
+        print(f"{name:<26} {hf_rate:9.1f} tokens/s")
     one_row, two_rows = statistics.median(bare[False]), statistics.median(bare[True])
     print(f"{'bare 1-row calls':<26} {one_row:9.1f} tokens/s")
     print(f"{'bare fused 2-row calls':<26} {two_rows:9.1f} tokens/s")

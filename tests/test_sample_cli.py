@@ -267,3 +267,17 @@ def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_
         assert f"stats: {sum(r['new_tokens'] for r in recs)} new tokens" in err  # each batch counted once
     code, _, err = run(capsys, *args, "--compile", "--reference")
     assert code == 2 and "--compile" in err
+
+
+@pytest.mark.slow
+def test_compile_flag_gives_the_eager_text(ckpt, capsys, tmp_path):
+    """``--compile`` (inductor; minutes on 2 cores): the same completions as the eager decoder."""
+    torch._dynamo.reset()
+    src = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    outs = []
+    for extra in ([], ["--compile"]):
+        code, out, err = run(capsys, "--checkpoint", ckpt["rpt"], "--prompts", src, "--max-new-tokens", 6, *RPT,
+                             "--ignore-eos", *extra)
+        assert code == 0, err
+        outs.append([json.loads(line)["completion"] for line in out.splitlines()])
+    assert outs[0] == outs[1]
