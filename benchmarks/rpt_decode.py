@@ -4,11 +4,12 @@ in one process.
     python benchmarks/rpt_decode.py --threads 2                 # CPU: 4 layers, 256 wide, 4096 vocab
     python benchmarks/rpt_decode.py --threads 2 --batch 8
     python benchmarks/rpt_decode.py --threads 2 --compile       # also the torch.compile'd decoder
-    python benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile
+    python benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --hf-static
 
 A random Llama wrapped with a random offset table, a 64-token prompt, greedy NTP. Runs
 ``rpt_iters=1, w=2, confidence=0.9`` and ``rpt_iters=0`` (plain NTP through the same decoder) and
-Hugging Face ``generate`` (greedy, same base model, its default dynamic cache) alternately
+Hugging Face ``generate`` (greedy, same base model, its default dynamic cache, or with
+``--hf-static`` its static cache, which HF compiles on CUDA) alternately
 ``--repeats`` times and prints the median tokens/s of each, model calls per new token of a row,
 and the goals: NTP >= 0.9x HF ``generate``; RPT >= 0.9 of the machine's ceiling (below);
 <= 1.1 model calls per new token. On CUDA it also prints the achieved memory bandwidth: bytes of
