@@ -16,6 +16,7 @@ import torch
 
 from rpt.sampling import randomness
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.fast_decoder import generate
 from rpt.sampling.stopping import truncate_at_stop
 
 
@@ -74,8 +75,6 @@ def complete(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Samp
         on_batch: called with the number of prompts of each finished batch.
         compile: ``torch.compile`` the model step (:func:`~rpt.sampling.generate` only).
     """
-    from rpt.sampling.fast_decoder import generate
-
     decode = decode or generate
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is invalid: use an integer >= 1")
