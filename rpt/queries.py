@@ -128,7 +128,8 @@ class ModelQueries:
 
     Args:
         model: an :class:`~rpt.model.RPTForCausalLM` (offset rows) or any HF causal LM (NTP only).
-        capacity: cache columns; a call writing at column c needs ``c < capacity``.
+        capacity: cache columns; a call writing at column c needs ``c < capacity`` (with ``compile``,
+            ``c < capacity - 7``: the last columns take the padding queries of a bucket).
         compile: compile the model step for fixed shapes (queries padded to :data:`QUERY_BUCKETS`,
             the whole cache attended); calls with more than ``compile_max_queries`` queries (a
             prefill) run eagerly. ``compile_backend``: the ``torch.compile`` backend.
@@ -210,8 +211,9 @@ class ModelQueries:
             vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
-        elif offsets is not None:
-            offsets = offsets.contiguous()  # an expanded (stride 0) tensor would be a second graph
+        # an expanded (stride 0) input would compile a second graph for the same shapes
+        ids, positions = ids.contiguous(), positions.contiguous()
+        offsets = None if offsets is None else offsets.contiguous()
         self.cache.kv_len = self.capacity
         logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
         if keep is None:
