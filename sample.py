@@ -11,7 +11,9 @@ input order: ``id``, ``prompt``, ``completion`` (cut at the first stop string), 
 (``eos``, ``stop``, ``length``), ``new_tokens``. A stats line (tokens/s, model calls per token,
 corrections) ends the run on stderr. Under ``accelerate launch`` the prompts are split across
 processes and the main process writes the merged output. Bad input is one ``error: ...`` line and
-exit status 2. Every sampling knob is a flag (``--help``).
+exit status 2. Every sampling knob is a flag (``--help``). With ``--seed S`` prompt i's random draws
+are keyed by ``S + i`` (the same text whatever the batch size or process count); ``--compile``
+compiles the model step (``torch.compile``, fixed shapes).
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ import torch
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import (
     check_checkpoint,
-    completion_text,
     encode,
     load_model,
     load_tokenizer,
     rpt_window_of,
 )
-from rpt.sampling.stopping import TextStream
+from rpt.sampling.streaming import TextStream
+from rpt.sampling.texts import complete
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--reference", action="store_true",
                     help="use the slow cache-free reference sampler (the test oracle)")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the decoder's model step (fixed shapes; compiles once per query-block size)")
     add_sampling_args(ap)
     return ap
 
@@ -76,33 +80,16 @@ def read_prompts(path: str) -> list[dict]:
     return records
 
 
-def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool):
-    from rpt.sampling.reference import generate_reference
-    from rpt.sampling.rpt import generate
+def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool, seeds: list[int] | None = None):
+    from rpt.sampling import generate_reference
 
-    decode = generate_reference if args.reference else generate
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    results, totals = [], {"new_tokens": 0, "forward_passes": 0, "corrections": 0}
-    for start in range(0, len(records), args.batch_size):
-        batch = prompt_ids[start: start + args.batch_size]
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, p in enumerate(batch):
-            ids[b, width - len(p):] = torch.tensor(p)
-            mask[b, width - len(p):] = 1
-        streamer = TextStream(tokenizer, config.stop, prompt_text=records[start]["prompt"]) if stream else None
-        out = decode(model, ids.to(model.device), config, mask.to(model.device), tokenizer=tokenizer, streamer=streamer)
-        for b, rec in enumerate(records[start: start + args.batch_size]):
-            gen = out.generated(b)
-            fed = out.sequences[b, out.prompt_width - out.prompt_lengths[b]: out.prompt_width].tolist()
-            results.append({
-                "id": rec["id"], "prompt": rec["prompt"],
-                "completion": completion_text(tokenizer, batch[b], fed, gen, config.stop),
-                "finish_reason": out.finish_reasons[b], "new_tokens": len(gen),
-            })
-        for k in totals:
-            totals[k] += out.stats[k]
+    streamer = TextStream(tokenizer, config.stop, prompt_text=records[0]["prompt"]) if stream else None
+    done = complete(model, tokenizer, prompt_ids, config, batch_size=args.batch_size, streamer=streamer,
+                    decode=generate_reference if args.reference else None, compile=args.compile, row_seeds=seeds)
+    results = [{"id": rec["id"], "prompt": rec["prompt"], "completion": c.text, "finish_reason": c.finish_reason,
+                "new_tokens": len(c.new_ids)} for rec, c in zip(records, done)]
+    batches = {id(c.stats): c.stats for c in done}.values()  # each batch's stats once
+    totals = {k: sum(s[k] for s in batches) for k in ("new_tokens", "forward_passes", "corrections")}
     return results, totals
 
 
@@ -122,6 +109,8 @@ def _main(args: argparse.Namespace) -> int:
     state = PartialState(cpu=not torch.accelerator.is_available())  # else CPU workers never form a group
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: use an integer >= 1")
+    if args.compile and args.reference:
+        raise ValueError("--compile compiles the fast decoder's model step; the --reference sampler has none: drop one")
     device = args.device or (str(state.device) if state.num_processes > 1 else
                              "cuda" if torch.cuda.is_available() else "cpu")
     if args.dtype == "auto":
@@ -142,8 +131,10 @@ def _main(args: argparse.Namespace) -> int:
     order = list(range(len(records)))
     with state.split_between_processes(order) as mine:
         mine = list(mine)
+        # prompt i's draws are keyed by seed + i, whichever process decodes it
+        seeds = None if config.seed is None else [config.seed + i for i in mine]
         results, totals = run_batches(model, tokenizer, [records[i] for i in mine], [prompt_ids[i] for i in mine],
-                                      config, args, stream)
+                                      config, args, stream, seeds)
     seconds = time.perf_counter() - start
     results = gather_object(results)  # rank order = input order (contiguous splits)
     all_totals = gather_object([totals])

@@ -1,22 +1,27 @@
-"""Decode speed of RPT sampling against plain NTP sampling, alternated in one process.
+"""Decode speed of RPT sampling against plain NTP sampling and Hugging Face ``generate``, alternated
+in one process.
 
-    python benchmarks/rpt_decode.py                     # CPU: 4 layers, 256 wide, 4096 vocab
-    python benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b
+    python benchmarks/rpt_decode.py --threads 2                 # CPU: 4 layers, 256 wide, 4096 vocab
+    python benchmarks/rpt_decode.py --threads 2 --batch 8
+    python benchmarks/rpt_decode.py --threads 2 --compile       # also the torch.compile'd decoder
+    python benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --hf-static
 
 A random Llama wrapped with a random offset table, a 64-token prompt, greedy NTP. Runs
-``rpt_iters=1, w=2, confidence=0.9`` and ``rpt_iters=0`` (plain NTP through the same decoder)
-alternately ``--repeats`` times and prints the median tokens/s of each, their ratio (goal >= 0.8)
-and model calls per new token (goal <= 1.1), plus Hugging Face ``generate`` (greedy, same base
-model) for scale. On CUDA it also prints the achieved memory bandwidth: bytes of weights read per
-model call (every parameter except the input embedding table, of which a call reads a few rows)
-times calls per second.
+``rpt_iters=1, w=2, confidence=0.9`` and ``rpt_iters=0`` (plain NTP through the same decoder) and
+Hugging Face ``generate`` (greedy, same base model, its default dynamic cache, or with
+``--hf-static`` its static cache, which HF compiles on CUDA) alternately
+``--repeats`` times and prints the median tokens/s of each, model calls per new token of a row,
+and the goals: NTP >= 0.9x HF ``generate``; RPT >= 0.9 of the machine's ceiling (below);
+<= 1.1 model calls per new token. On CUDA it also prints the achieved memory bandwidth: bytes of
+weights read per model call (every parameter except the input embedding table, of which a call
+reads a few rows) times calls per second.
 
-It also times the bare model calls the two samplers make on their common path, with no sampling
-logic: one 1-row call per token (NTP) against one fused 2-row call ``[x_n | PTP query for
-x_{n-1}]`` with its 4D mask, offsets and cache crop (RPT, w=2). Their ratio is the ceiling the
-decoder's ratio can reach on the machine: it measures what a second query row costs the hardware
-(near nothing when a call is memory-bound, as on a GPU; a second row of every matmul where the
-CPU BLAS is compute-bound at two rows).
+The ceiling: the bare model calls the two samplers make on their common path, with no sampling
+logic, through the same query primitive (:class:`rpt.queries.ModelQueries`): one 1-row call per
+token (NTP) against one 2-row call ``[x_n | PTP query for x_{n-1}]`` with its mask and offsets
+(RPT, w=2). Their ratio measures what a second query row costs the hardware (near nothing when a
+call is memory-bound, as on a GPU; a second row of every matmul where the CPU BLAS is
+compute-bound at two rows), which bounds the decoders' RPT / NTP ratio.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import statistics
 import time
 
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
+from rpt.queries import ModelQueries, Visibility
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.rpt import generate
+from rpt.sampling.fast_decoder import generate
 
 SIZES = {
     # the issue's CPU model
@@ -78,32 +84,33 @@ def timed(fn, device: str):
 def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fused: bool) -> tuple[float, torch.Tensor]:
     """Tokens/s of the model calls alone of one greedy NTP decode, and its ``[batch, new_tokens]`` tokens.
 
-    ``fused`` feeds each call as the RPT decoder's common path does: x_n twice, as the NTP query
-    and as the PTP query for x_{n-1}; only the NTP row picks the next token.
+    The calls are the decoders' own (:class:`rpt.queries.ModelQueries` on a position-addressed
+    cache); ``fused`` feeds each as the RPT decoder's common path does: x_n twice, as the NTP
+    query (column n) and as the PTP query for x_{n-1} (offset row 1, a scratch column past n, seeing
+    only x_{<n-1}); only the NTP query picks the next token.
     """
     device = prompt.device
     batch, length = prompt.shape
-    cache = DynamicCache(config=model.config)
-    token = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)
-    neg = torch.finfo(model.dtype).min
-    offsets = torch.tensor([[0, 1]], device=device).expand(batch, 2)
+    queries = ModelQueries(model, length + new_tokens + 2)
+    cols = torch.arange(length, device=device)
+    logits = queries(prompt, cols.expand(batch, -1), cols, Visibility(cols), kv_len=length, keep=1)
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    offsets = torch.tensor([0, 1], device=device).expand(batch, 2)
     generated = [token.tolist()]
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(new_tokens):
+        n = length  # the column of the token just proposed
         if fused:
-            # keys: the cache (x_<n) | x_n as NTP query | x_n as the PTP query for x_{n-1}
-            mask = torch.zeros(batch, 1, 2, length + 2, dtype=model.dtype, device=device)
-            mask[:, :, 0, length + 1] = neg  # the NTP query never sees the PTP query
-            mask[:, :, 1, length - 1: length + 1] = neg  # the PTP query hides x_{n-1} and x_n's NTP twin
-            position = torch.full((batch, 2), length, device=device)
-            logits = model(token.expand(batch, 2), position_ids=position, offset_ids=offsets, attention_mask=mask,
-                           past_key_values=cache, use_cache=True, logits_to_keep=2).logits
-            cache.crop(-1)
+            columns = torch.tensor([n, n + 1], device=device)
+            vis = Visibility(torch.tensor([n, n - 2], device=device))
+            logits = queries(token.expand(batch, 2), columns.expand(batch, 2), columns, vis, kv_len=n + 2,
+                             offsets=offsets, keep=2)
         else:
-            position = torch.full((batch, 1), length, device=device)
-            logits = model(token, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            column = torch.tensor([n], device=device)
+            logits = queries(token, column.expand(batch, 1), column, Visibility(column), kv_len=n + 1, keep=1,
+                             plain=True)
         token = logits[:, 0].argmax(-1, keepdim=True)
         generated.append(token.tolist())  # the decoders bring each call's proposals to the host once
         length += 1
@@ -124,6 +131,9 @@ def main() -> None:
                     help="torch CPU threads (0: 1 on CPU, where a batch-1 decode of this size only loses to "
                          "thread start-up and to other jobs on a shared machine; torch's default elsewhere)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate reference")
+    ap.add_argument("--hf-static", action="store_true",
+                    help="HF generate with cache_implementation='static' (compiled by HF on CUDA)")
+    ap.add_argument("--compile", action="store_true", help="also time generate(..., compile=True)")
     args = ap.parse_args()
     if args.threads or args.device == "cpu":
         torch.set_num_threads(args.threads or 1)
@@ -132,22 +142,33 @@ def main() -> None:
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (args.batch, args.prompt_tokens), generator=torch.Generator().manual_seed(2))
     prompt = prompt.to(args.device)
-    configs = {
-        "ntp (rpt_iters=0)": SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=0),
-        "rpt (k=1, w=2, eta=0.9)": SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=1, rpt_window=2,
-                                                  confidence=0.9),
-    }
+    ntp_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=0)
+    rpt_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=1, rpt_window=2, confidence=0.9)
+    decoders = {"ntp (rpt_iters=0)": (ntp_cfg, False), "rpt (k=1, w=2, eta=0.9)": (rpt_cfg, False)}
+    if args.compile:
+        decoders.update({"ntp compiled": (ntp_cfg, True), "rpt compiled": (rpt_cfg, True)})
+
+    report(args, model, *measure(args, model, prompt, decoders))
+
+
+def measure(args, model: RPTForCausalLM, prompt: torch.Tensor, decoders: dict) -> tuple:
+    """Alternate every decoder, HF ``generate`` and the bare calls ``--repeats`` times."""
+
+    # --hf-static: HF's static cache, which HF's generate compiles itself where it can (CUDA)
+    cache = {"cache_implementation": "static"} if args.hf_static else {}
 
     def hf():
         return model.lm.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                 do_sample=False, pad_token_id=0)
+                                 do_sample=False, pad_token_id=0, **cache)
 
-    runs = {name: [] for name in configs}
+    runs = {name: [] for name in decoders}
     stats = {}
     hf_rates = []
     bare = {False: [], True: []}
-    for cfg in configs.values():  # warm-up
-        generate(model, prompt, cfg)
+    for cfg, compiled in decoders.values():  # warm-up (and compilation)
+        generate(model, prompt, cfg, compile=compiled)
+    if not args.no_hf:
+        hf()
     model.check_offsets = False  # as generate does: the offsets are well formed by construction
     with torch.inference_mode():
         for fused in bare:
@@ -156,39 +177,45 @@ def main() -> None:
         with torch.inference_mode():
             for fused in bare:
                 bare[fused].append(bare_calls(model, prompt, args.new_tokens, fused)[0])
-        for name, cfg in configs.items():
-            dt, out = timed(lambda cfg=cfg: generate(model, prompt, cfg), args.device)
+        for name, (cfg, compiled) in decoders.items():
+            dt, out = timed(lambda cfg=cfg, c=compiled: generate(model, prompt, cfg, compile=c), args.device)
             runs[name].append(out.stats["new_tokens"] / dt)
             stats[name] = out.stats
         if not args.no_hf:
             dt, out = timed(hf, args.device)
             hf_rates.append((out.shape[1] - args.prompt_tokens) * args.batch / dt)
+    return runs, stats, hf_rates, bare
 
+
+def report(args, model, runs: dict, stats: dict, hf_rates: list, bare: dict) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.model_size} ({n_params / 1e6:.1f}M params, {args.dtype}) on {args.device}, "
           f"batch {args.batch}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
           f"median of {args.repeats} alternated runs, torch threads {torch.get_num_threads()}")
-    rates = {}
-    for name in configs:
-        rates[name] = statistics.median(runs[name])
-        s = stats[name]
-        line = (f"{name:<26} {rates[name]:9.1f} tokens/s   calls/new token {s['calls_per_token']:.3f}   "
-                f"corrections {s['corrections']}")
+    rates = {name: statistics.median(r) for name, r in runs.items()}
+    calls = {name: s["forward_passes"] / (s["new_tokens"] / args.batch) for name, s in stats.items()}
+    for name, rate in rates.items():
+        line = f"{name:<26} {rate:9.1f} tokens/s   calls/new token {calls[name]:.3f}   corrections {stats[name]['corrections']}"
         if args.device.startswith("cuda"):
-            calls_per_s = rates[name] * s["calls_per_token"]
-            line += f"   weights bandwidth {weight_bytes(model) * calls_per_s / 1e9:7.1f} GB/s"
+            line += f"   weights bandwidth {weight_bytes(model) * rate / args.batch * calls[name] / 1e9:7.1f} GB/s"
         print(line)
-    if hf_rates:
-        print(f"{'HF generate greedy (NTP)':<26} {statistics.median(hf_rates):9.1f} tokens/s")
     ntp, rpt = rates["ntp (rpt_iters=0)"], rates["rpt (k=1, w=2, eta=0.9)"]
+    if hf_rates:
+        hf_rate = statistics.median(hf_rates)
+        name = "HF generate, static cache" if args.hf_static else "HF generate greedy (NTP)"
+        print(f"{name:<26} {hf_rate:9.1f} tokens/s")
     one_row, two_rows = statistics.median(bare[False]), statistics.median(bare[True])
     print(f"{'bare 1-row calls':<26} {one_row:9.1f} tokens/s")
     print(f"{'bare fused 2-row calls':<26} {two_rows:9.1f} tokens/s")
-    print(f"ratio rpt/ntp tokens/s: {rpt / ntp:.3f} (goal >= 0.8); "
-          f"rpt calls per new token: {stats['rpt (k=1, w=2, eta=0.9)']['calls_per_token']:.3f} (goal <= 1.1)")
+    if hf_rates:
+        print(f"ntp / HF generate tokens/s: {ntp / hf_rate:.3f} (goal >= 0.9)")
+    print(f"ratio rpt/ntp tokens/s: {rpt / ntp:.3f}; rpt calls per new token: "
+          f"{calls['rpt (k=1, w=2, eta=0.9)']:.3f} (goal <= 1.1)")
     print(f"ceiling on this machine (bare fused 2-row / 1-row calls): {two_rows / one_row:.3f}; "
-          f"the decoder reaches {(rpt / ntp) / (two_rows / one_row):.3f} of it")
-
+          f"the decoder reaches {(rpt / ntp) / (two_rows / one_row):.3f} of it (goal >= 0.9)")
+    if "ntp compiled" in rates:
+        print(f"compiled / eager tokens/s: ntp {rates['ntp compiled'] / ntp:.3f}, "
+              f"rpt {rates['rpt compiled'] / rpt:.3f}")
 
 if __name__ == "__main__":
     main()

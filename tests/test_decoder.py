@@ -1,4 +1,8 @@
-"""The fast RPT decoder (``rpt.sampling.rpt.generate``) against the cache-free oracle and HF.
+"""The fast RPT decoder (``rpt.sampling.fast_decoder.generate``) against the cache-free oracle and HF.
+
+Both decoders drive one statement of the algorithm (:mod:`rpt.sampling.algorithm`) and key every
+random draw by position, so under sampling too they must emit the same tokens; the statement itself
+is checked against an exact enumeration of eq. 4 in ``test_eq4_distribution.py``.
 
 Models are tiny random Llamas in float64 (so the cached and the recomputed paths cannot differ by a
 rounding tie) with weights at a larger scale than the default init (``initializer_range=0.4``) so
@@ -6,15 +10,17 @@ greedy decoding does not collapse onto one token, and a random offset table so P
 """
 
 import math
+import random
 
 import pytest
 import torch
 
 from rpt.model import RPTForCausalLM
-from rpt.sampling.common import Proposer
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.fast_decoder import generate
+from rpt.sampling.proposals import Proposer
+from rpt.sampling.randomness import NTP, uniforms
 from rpt.sampling.reference import generate_reference
-from rpt.sampling.rpt import generate
 from tests.tiny_models import tiny_gpt2, tiny_llama
 
 V = 97
@@ -157,23 +163,48 @@ def test_proposer_rules():
     logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]])
     context = torch.tensor([[0]])  # token 0 was seen: the repetition penalty hits it
     cfg = dict(temperature=0.5, top_k=1, repetition_penalty=4.0)
-    p = Proposer(SamplingConfig(**cfg, confidence=0.5), prompt_length=0)
-    tok, acc = p.ptp(context, logits)
+    seeds = torch.tensor([0])
+
+    def ptp(config, z=logits):
+        return Proposer(config, 0, seeds).ptp(context, z.clone(), 1, 1, 1)
+
+    tok, acc = ptp(SamplingConfig(**cfg, confidence=0.5))
     post = torch.softmax(torch.tensor([0.75, 2.0, 0.0, -1.0]), -1)  # 3.0 / 4 after the penalty
     assert tok.item() == 1 and acc.item() == bool(post[1] > 0.5)
     # the same threshold just below / above that probability flips the decision
     for eta, expect in ((post[1].item() - 1e-3, True), (post[1].item() + 1e-3, False)):
-        _, acc = Proposer(SamplingConfig(**cfg, confidence=eta), prompt_length=0).ptp(context, logits)
-        assert acc.item() is expect
+        assert ptp(SamplingConfig(**cfg, confidence=eta))[1].item() is expect
     # "exceeds": a probability equal to the threshold is not enough (softmax of a tie is exactly 0.5)
     tie = torch.zeros(1, 2)
-    assert not Proposer(SamplingConfig(confidence=0.5), 0).ptp(context, tie)[1].item()
-    assert Proposer(SamplingConfig(confidence=0.4999), 0).ptp(context, tie)[1].item()
+    assert not ptp(SamplingConfig(confidence=0.5), tie)[1].item()
+    assert ptp(SamplingConfig(confidence=0.4999), tie)[1].item()
     # without penalize_ptp the proposal ignores the penalty
-    tok, _ = Proposer(SamplingConfig(**cfg, penalize_ptp=False), prompt_length=0).ptp(context, logits)
-    assert tok.item() == 0
+    assert ptp(SamplingConfig(**cfg, penalize_ptp=False))[0].item() == 0
     # NTP always gets the penalties (greedy here)
-    assert Proposer(SamplingConfig(repetition_penalty=4.0), 0).ntp(context, logits).item() == 1
+    assert Proposer(SamplingConfig(repetition_penalty=4.0), 0, seeds).ntp(context, logits.clone(), 1).item() == 1
+
+
+def test_draws_are_keyed_by_position_not_by_order():
+    """A sampled proposal is a function of (row seed, position, iteration, kind) and the logits only."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g)
+    cfg = SamplingConfig(temperature=1.0, rpt_iters=2)
+    seeds = torch.tensor([5, 6, 7])
+    p = Proposer(cfg, 0, seeds)
+    a = p.ntp(torch.zeros(3, 1, dtype=torch.long), logits.clone(), torch.tensor([4, 9, 9]))
+    assert a.shape == (3, 3)  # one draw per RPT iteration 0..k
+    again = Proposer(cfg, 0, seeds).ntp(torch.zeros(3, 1, dtype=torch.long), logits.clone(), torch.tensor([4, 9, 9]))
+    assert torch.equal(a, again)
+    alone = Proposer(cfg, 0, seeds[1:2]).ntp(torch.zeros(1, 1, dtype=torch.long), logits[1:2].clone(), 9)
+    assert torch.equal(alone[0], a[1])  # row 1 alone: the same draws
+    keys = [uniforms(seeds, 4, 0, NTP), uniforms(seeds, 5, 0, NTP), uniforms(seeds, 4, 1, NTP), uniforms(seeds, 4, 0, 1)]
+    assert len({float(u[0, 0]) for u in keys}) == 4  # position, iteration and kind each change the draw
+    assert torch.equal(uniforms(seeds, 4, 0, NTP, draws=2)[:, 1], uniforms(seeds, 4, 1, NTP)[:, 0])
+    # the empirical law of many keyed draws is the softmax (inverse CDF at uniform keys)
+    many = Proposer(cfg, 0, torch.arange(4000)).ntp(torch.zeros(4000, 1, dtype=torch.long),
+                                                     logits[:1].expand(4000, -1).clone(), 3)[:, 0]
+    freq = torch.bincount(many, minlength=50).double() / 4000
+    assert 0.5 * (freq - torch.softmax(logits[0].double(), -1)).abs().sum() < 0.06
 
 
 @pytest.mark.parametrize("window", [2, 3])
@@ -195,11 +226,16 @@ def test_early_stop_and_one_call_per_token(models, window):
     # the reference: one NTP call per position plus one PTP call per revisited token, once
     revisits = sum(min(t, window - 1) for t in range(n))
     assert calls[1] == calls[4] == n + revisits
-    # stochastic PTP proposals do not stop early: more iterations, more calls
+    # stochastic proposals do not stop early: every iteration sweeps, then x_t is drawn again (eq. 4)
     sampled = dict(max_new_tokens=n, rpt_window=window, confidence=1.0, ptp_greedy=False, temperature=1.0, seed=0)
-    few = generate_reference(models[window], ids, SamplingConfig(rpt_iters=1, **sampled))
-    many = generate_reference(models[window], ids, SamplingConfig(rpt_iters=4, **sampled))
-    assert many.stats["forward_passes"] == n + 4 * revisits > few.stats["forward_passes"]
+    windows = n - 1  # positions with a window to revisit (all but the first)
+    for iters in (1, 4):
+        ref = generate_reference(models[window], ids, SamplingConfig(rpt_iters=iters, **sampled))
+        assert ref.stats["forward_passes"] == n + iters * (revisits + windows)
+        fast = generate(models[window], ids, SamplingConfig(rpt_iters=iters, **sampled))
+        assert torch.equal(ref.sequences, fast.sequences)
+        # the call of sweep i already feeds the redraw of x_t that follows it: one call per sweep
+        assert fast.stats["forward_passes"] == 1 + 1 + iters * windows
 
 
 def test_stats_and_rows_finish_independently(models):
@@ -271,3 +307,157 @@ def test_bad_inputs(models):
         out = generate(models[2], long[:, :250], SamplingConfig(max_new_tokens=20))
     assert out.new_token_counts == [6]
     assert math.isfinite(out.stats["tokens_per_s"])
+
+
+# ---- seeded sampling: the two decoders agree token for token ------------------------------------
+def random_config(rng: random.Random) -> dict:
+    """A random point of the sampler's knob space (every knob a researcher turns)."""
+    cfg = dict(max_new_tokens=10, rpt_window=rng.choice([2, 3]), rpt_iters=rng.choice([1, 2, 3]),
+               temperature=rng.choice([0.0, 0.7, 1.0, 1.0, 1.5]), top_k=rng.choice([0, 0, 8]),
+               top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.02]), ptp_greedy=rng.random() < 0.5,
+               confidence=rng.choice([0.0, 0.05, 0.3, 0.9]), penalize_ptp=rng.random() < 0.7, seed=rng.randrange(10**6))
+    if rng.random() < 0.4:
+        cfg["repetition_penalty"] = rng.choice([1.3, 2])  # an int too: it must be accepted
+    if rng.random() < 0.4:
+        cfg.update(frequency_penalty=0.4, presence_penalty=0.2)
+    if rng.random() < 0.4:
+        cfg.update(lz_penalty=0.8, lz_window=16, lz_include_prompt=rng.random() < 0.5)
+    if rng.random() < 0.3:
+        cfg["eos_token_id"] = rng.randrange(V)
+    return cfg
+
+
+def check_case(models, case: int) -> tuple[bool, bool]:
+    rng = random.Random(case)
+    cfg = SamplingConfig(**random_config(rng))
+    ids, mask = prompts(3, lengths=tuple(rng.randint(3, 9) for _ in range(3)), seed=case)
+    fast = generate(models[cfg.rpt_window], ids, cfg, attention_mask=mask)
+    ref = generate_reference(models[cfg.rpt_window], ids, cfg, attention_mask=mask)
+    assert torch.equal(fast.sequences, ref.sequences), (case, cfg)
+    assert fast.finish_reasons == ref.finish_reasons and fast.stats["corrections"] == ref.stats["corrections"]
+    assert fast.row_seeds == ref.row_seeds == [cfg.seed + b for b in range(3)]
+    return fast.stats["corrections"] > 0, "eos" in fast.finish_reasons
+
+
+def test_sampled_generate_equals_reference(models):
+    """16 random configurations (temperature, top-k/p, min-p, every penalty, penalize_ptp, w, k, EOS,
+    ragged batches): the same tokens, reasons and corrections. ``make test-slow`` runs 300."""
+    results = [check_case(models, case) for case in range(16)]
+    assert sum(c for c, _ in results) >= 8 and any(e for _, e in results)
+
+
+@pytest.mark.slow
+def test_sampled_generate_equals_reference_many(models):
+    results = [check_case(models, case) for case in range(16, 316)]
+    assert sum(c for c, _ in results) >= 150
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_sampled_row_equals_its_single_run_with_its_seed(models, window):
+    """Row b of a batch decoded with seed s is the row decoded alone with row seed s + b."""
+    ids, mask = prompts(3, lengths=(4, 10, 7), seed=11)
+    cfg = SamplingConfig(max_new_tokens=12, rpt_iters=2, rpt_window=window, confidence=0.1, temperature=1.0,
+                         top_p=0.95, ptp_greedy=False, lz_penalty=0.5, lz_window=16, seed=40)
+    batched = generate(models[window], ids, cfg, attention_mask=mask)
+    assert batched.stats["corrections"] > 0
+    for b in range(3):
+        row = ids[b: b + 1, mask[b].argmax():]
+        alone = generate(models[window], row, cfg, row_seeds=[40 + b])
+        assert alone.generated(0) == batched.generated(b)
+        assert generate_reference(models[window], row, cfg, row_seeds=[40 + b]).generated(0) == batched.generated(b)
+    # n samples of one prompt: rows of a repeated prompt get different seeds, hence different samples
+    same = generate(models[window], ids[1:2].expand(4, -1), cfg)
+    assert len({tuple(same.generated(b)) for b in range(4)}) > 1
+    with pytest.raises(ValueError, match="one per row"):
+        generate(models[window], ids, cfg, attention_mask=mask, row_seeds=[1, 2])
+
+
+def test_stop_strings_eos_and_token_healing_sampled():
+    """With a tokenizer: stop strings, EOS and token healing under sampling, both decoders alike."""
+    from tests.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = RPTForCausalLM.from_base(tiny_llama(vocab_size=len(tok), seed=3, initializer_range=0.4), window=3)
+    model = model.double().eval()
+    with torch.no_grad():
+        model.offset_embedding.weight.copy_(0.3 * torch.randn(model.offset_embedding.weight.shape,
+                                                              generator=torch.Generator().manual_seed(3),
+                                                              dtype=torch.float64))
+    texts = ["def fib(n", "for i in range(1", "The quick brown ", "class Po"]
+    rows = [tok(t)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(rows):
+        ids[b, width - len(r):], mask[b, width - len(r):] = torch.tensor(r), 1
+    reasons = set()
+    for seed in range(4):
+        kw = dict(max_new_tokens=12, rpt_iters=2, rpt_window=3, confidence=0.2, temperature=0.9,
+                  ptp_greedy=seed % 2 == 0, token_healing=True, eos_token_id=tok.eos_token_id, seed=seed)
+        free = generate(model, ids, SamplingConfig(**kw), mask, tokenizer=tok)
+        # a stop string the rows do produce: two characters from the middle of row 1's text
+        text = tok.decode(free.generated(1))
+        stop = [text[len(text) // 2: len(text) // 2 + 2] or "x"]
+        cfg = SamplingConfig(**kw, stop=stop)
+        fast = generate(model, ids, cfg, mask, tokenizer=tok)
+        ref = generate_reference(model, ids, cfg, mask, tokenizer=tok)
+        assert torch.equal(fast.sequences, ref.sequences) and fast.finish_reasons == ref.finish_reasons
+        reasons |= set(fast.finish_reasons)
+    assert "stop" in reasons
+
+
+# ---- attention implementations -------------------------------------------------------------------
+def same_weights(attn: str) -> RPTForCausalLM:
+    model = rpt_model(3, attn="sdpa")
+    model.lm.config._attn_implementation = attn
+    return model
+
+
+@pytest.mark.parametrize("attn", ["eager", "flex_attention", "flash_attention_2", "flash_attention_3"])
+def test_attention_implementations_give_sdpas_tokens(attn):
+    """eager takes the 4D mask as sdpa does; flex / flash attention (which would misread it) run the
+    decoder's calls with sdpa, and the model is left as it was."""
+    ids, mask = prompts(3, seed=9)
+    cases = [(SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.0), ids, mask),
+             (SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.1, temperature=1.0,
+                             ptp_greedy=False, seed=3), ids, mask),
+             # one unpadded row: its mask-free NTP calls too
+             (SamplingConfig(max_new_tokens=10, rpt_iters=1, rpt_window=2, confidence=0.0), ids[:1], None)]
+    for cfg, x, m in cases:
+        want = generate(same_weights("sdpa"), x, cfg, attention_mask=m)
+        model = same_weights(attn)
+        got = generate(model, x, cfg, attention_mask=m)
+        assert torch.equal(got.sequences, want.sequences)
+        assert model.lm.config._attn_implementation == attn
+
+
+def test_unknown_attention_implementation_is_a_clear_error():
+    model = same_weights("paged|sdpa")
+    ids, mask = prompts(1)
+    with pytest.raises(ValueError, match=r"'paged\|sdpa'.*sdpa"):
+        generate(model, ids, SamplingConfig(max_new_tokens=3, rpt_iters=1, rpt_window=2))
+
+
+# ---- torch.compile -------------------------------------------------------------------------------
+def compile_case(backend):
+    model = rpt_model(2).float()
+    ids, mask = prompts(3, seed=12)
+    for cfg in (SamplingConfig(max_new_tokens=8, rpt_iters=2, rpt_window=2, confidence=0.0),
+                SamplingConfig(max_new_tokens=8, rpt_iters=1, rpt_window=2, confidence=0.2, temperature=1.0, seed=1)):
+        eager = generate(model, ids, cfg, attention_mask=mask)
+        compiled = generate(model, ids, cfg, attention_mask=mask, compile=backend)
+        assert torch.equal(eager.sequences, compiled.sequences)
+        assert eager.stats["forward_passes"] == compiled.stats["forward_passes"]
+
+
+def test_compile_fixed_shapes_trace():
+    """The fixed-shape step (bucketed query blocks over the whole cache) traced by dynamo gives the
+    eager tokens; ``make test-slow`` also runs the inductor backend (minutes on 2 cores)."""
+    torch._dynamo.reset()
+    compile_case("eager")
+
+
+@pytest.mark.slow
+def test_compile_inductor():
+    torch._dynamo.reset()
+    compile_case(True)

@@ -119,7 +119,7 @@ def positions(model) -> tuple[list[list[int]], list[int]]:
 
 def test_exact_batched_computation_equals_naive_model_calls(model, positions):
     contexts, truths = positions[0][:4], positions[1][:4]
-    got = ea.truth_probabilities(model, contexts, truths, iters=ITERS, chunk=7)  # chunks: cache rewinds
+    got = ea.truth_probabilities(model, contexts, truths, iters=ITERS, chunk=7)  # chunks: scratch columns reused
     want = torch.tensor([naive_truth_probs(model, c, y) for c, y in zip(contexts, truths)], dtype=torch.float64)
     torch.testing.assert_close(got.probs, want, rtol=1e-4, atol=1e-6)
     assert torch.equal(got.coverage, torch.ones_like(got.coverage))
@@ -133,7 +133,28 @@ def test_ptp_query_sees_the_context_not_the_other_queries(model, positions):
     both = ea.query_tokens(model, enc, torch.tensor([[4, 9]] * 3), shift=1, row=ea.PTP1_ROW)
     alone = ea.query_tokens(model, enc, torch.tensor([[9]] * 3), shift=1, row=ea.PTP1_ROW)
     torch.testing.assert_close(both[:, 1], alone[:, 0], rtol=1e-5, atol=1e-7)
-    assert enc.cache.get_seq_length() == enc.real.shape[1]  # rewound to the contexts
+    again = ea.query_tokens(model, enc, torch.tensor([[9]] * 3), shift=1, row=ea.PTP1_ROW)
+    torch.testing.assert_close(again, alone, rtol=0, atol=0)  # earlier calls' scratch columns are never seen
+
+
+@pytest.mark.parametrize("attn", ["eager", "flex_attention", "flash_attention_2"])
+def test_queries_under_every_attention_implementation(model, positions, attn):
+    """eager takes the 4D mask as sdpa does; flex / flash attention run the queries with sdpa."""
+    contexts, truths = positions[0][:3], positions[1][:3]
+    want = ea.truth_probabilities(model, contexts, truths, iters=1).probs
+    old = model.lm.config._attn_implementation
+    model.lm.config._attn_implementation = attn
+    try:
+        got = ea.truth_probabilities(model, contexts, truths, iters=1).probs
+    finally:
+        model.lm.config._attn_implementation = old
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    model.lm.config._attn_implementation = "paged|sdpa"
+    try:
+        with pytest.raises(ValueError, match="sdpa"):
+            ea.truth_probabilities(model, contexts, truths, iters=1)
+    finally:
+        model.lm.config._attn_implementation = old
 
 
 # ---- (3) the top-m estimator -------------------------------------------------------------------------

@@ -195,18 +195,18 @@ def test_incremental_decode_loop_equals_definition(monkeypatch, window, buffer, 
     proc = LZPenaltyLogitsProcessor(1.0, window, buffer, prompt_length=prompt, incremental=True)
     scores = torch.zeros(rows, vocab)
     for t, want in zip(range(prompt + 1, prompt + steps + 1), wants):
-        torch.testing.assert_close(proc(seq[:, :t], scores), want)
+        torch.testing.assert_close(proc(seq[:, :t], scores.clone()), want)  # in place: a fresh copy each call
     assert len(calls) == 1  # one fresh computation, then updates only
     # a corrected earlier token, a shorter prefix (PTP), another batch: recomputed, still exact
     for ids, want in zip(others, others_want):
-        torch.testing.assert_close(proc(ids, scores[: len(ids)]), want)
+        torch.testing.assert_close(proc(ids, scores[: len(ids)].clone()), want)
     assert len(calls) == 4
     # a decoder writing into one buffer: a correction made in place is noticed too
     buf = seq.clone()
     for t in (60, 61):  # after a fresh computation, then after an update step
-        proc(buf[:, :t], scores)
+        proc(buf[:, :t], scores.clone())
         buf[2, t - 3] = (buf[2, t - 3] + 1) % vocab
-        torch.testing.assert_close(proc(buf[:, :t + 1], scores),
+        torch.testing.assert_close(proc(buf[:, :t + 1], scores.clone()),
                                    -lz_penalty(buf[:, prompt:t + 1], vocab, window, buffer))
 
 
@@ -216,13 +216,13 @@ def test_processor_per_row_prompt_length_and_include_prompt():
     ids = periodic(3, 30, 3, vocab, gen)
     starts = torch.tensor([0, 10, 29])
     scores = torch.randn(3, vocab, generator=gen)
-    got = LZPenaltyLogitsProcessor(1.0, window=16, buffer=4, prompt_length=starts)(ids, scores)
+    got = LZPenaltyLogitsProcessor(1.0, window=16, buffer=4, prompt_length=starts)(ids, scores.clone())
     for r, s in enumerate(starts.tolist()):
         want = scores[r] - brute_lz(ids[r, s:].tolist(), vocab, 16, 4).float()
         torch.testing.assert_close(got[r], want)
     # every column is prompt: untouched
-    assert torch.equal(LZPenaltyLogitsProcessor(1.0, prompt_length=30)(ids, scores), scores)
-    assert torch.equal(LZPenaltyLogitsProcessor(0.0)(ids, scores), scores)
+    assert torch.equal(LZPenaltyLogitsProcessor(1.0, prompt_length=30)(ids, scores.clone()), scores)
+    assert torch.equal(LZPenaltyLogitsProcessor(0.0)(ids, scores.clone()), scores)
 
 
 def test_processor_bf16_and_ids_beyond_scores():
@@ -311,3 +311,20 @@ def test_cuda_graph_capture():
     graph.replay()
     torch.testing.assert_close(out, proc(ids, scores))
     assert not torch.equal(out, want)
+
+
+def test_benchmark_script_runs_in_the_default_environment():
+    """``benchmarks/lz_penalty.py`` end to end at a small size; it must not tune the process (malloc)."""
+    import subprocess
+    import sys
+
+    from tests.scripts import ROOT
+
+    script = ROOT / "benchmarks" / "lz_penalty.py"
+    assert "mallopt" not in script.read_text()
+    out = subprocess.run([sys.executable, str(script), "--vocab", "2000", "--batch", "2", "--window", "64", "--buffer",
+                          "8", "--steps", "4", "--rounds", "1", "--direct-vocab", "500", "--direct-steps", "1",
+                          "--threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("random", "repetitive"))]
+    assert len(rows) == 2 and all(float(r[4]) > 0 for r in rows)  # the processor / sub_ ratio

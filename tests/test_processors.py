@@ -75,11 +75,11 @@ def test_lz_window_prompt_or_generated_only():
     ids = torch.tensor([[7, 7, 7, 7, 1, 2, 1, 2], [9, 7, 7, 7, 1, 2, 1, 2]])
     scores = torch.zeros(2, 10)
     cfg = SamplingConfig(lz_penalty=1.0, lz_window=64, lz_buffer=8)
-    got = penalty_processors(cfg, prompt_length=4)(ids, scores)
+    got = penalty_processors(cfg, prompt_length=4)(ids, scores.clone())  # in place: a fresh copy
     torch.testing.assert_close(got, -lz_penalty(ids[:, 4:], 10, 64, 8))
     assert got[0, 7] == 0  # prompt tokens are outside the default window
     cfg.lz_include_prompt = True
-    got = penalty_processors(cfg, prompt_length=4, pad_length=torch.tensor([0, 1]))(ids, scores)
+    got = penalty_processors(cfg, prompt_length=4, pad_length=torch.tensor([0, 1]))(ids, scores.clone())
     torch.testing.assert_close(got[0], -lz_penalty(ids[0], 10, 64, 8))
     torch.testing.assert_close(got[1], -lz_penalty(ids[1, 1:], 10, 64, 8))
 
@@ -151,18 +151,20 @@ def test_build_rejects_bad_columns():
         build_logits_processors(SamplingConfig(), pad_length=torch.zeros(2, 2, dtype=torch.long))
 
 
-def test_callers_logits_are_left_alone_unless_inplace():
+def test_lz_edits_logits_in_place_unless_told_not_to():
     ids = torch.tensor([[0, 1, 2, 1, 2]])
     scores = torch.randn(1, 6, generator=torch.Generator().manual_seed(0))
     keep = scores.clone()
     lz_only = SamplingConfig(lz_penalty=1.0)
+    # the default: in place, as HF generate hands processors a copy of the model's logits
     out = build_logits_processors(lz_only, prompt_length=1)(ids, scores)
-    assert torch.equal(scores, keep) and not torch.equal(out, keep)
+    assert out is scores and not torch.equal(out, keep)
+    scores = keep.clone()
+    kept = build_logits_processors(lz_only, prompt_length=1, inplace=False)(ids, scores)
+    assert torch.equal(scores, keep) and torch.equal(kept, out)
     # with a penalty before it, the LZ processor works in place on that penalty's fresh output
     both = SamplingConfig(lz_penalty=1.0, presence_penalty=0.5)
-    procs = build_logits_processors(both, prompt_length=1)
+    procs = build_logits_processors(both, prompt_length=1, inplace=False)
     assert procs[-1].inplace
-    assert torch.equal(scores, keep) and torch.equal(procs(ids, scores), out - 0.5 * (out != keep))
+    assert torch.equal(procs(ids, scores), out - 0.5 * (out != keep))
     assert torch.equal(scores, keep)
-    # a decoder that owns its logits may let them be overwritten
-    assert build_logits_processors(lz_only, prompt_length=1, inplace=True)(ids, scores) is scores

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 import sample
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.rpt import generate
+from rpt.sampling.fast_decoder import generate
 from tests.tiny_models import tiny_llama
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -240,3 +240,44 @@ def test_token_healing_with_rpt(ckpt, capsys, tmp_path):
             healed = fast.sequences[b, fast.prompt_width - fast.prompt_lengths[b]: fast.prompt_width].tolist()
             full = tokenizer.decode(healed + fast.generated(b))
             assert rec["prompt"] + rec["completion"] == full
+
+
+def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_path):
+    """Prompt i's draws are keyed by seed + i: its sampled text is the same at any batch size, the
+    reference sampler agrees, and repeated prompts (n samples of one task) differ."""
+    from rpt.evaluation.generation import generate_texts
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt["rpt"])
+    model = RPTForCausalLM.from_pretrained(ckpt["rpt"]).eval()
+    cfg = SamplingConfig(max_new_tokens=8, rpt_iters=1, rpt_window=3, confidence=0.1, temperature=1.0, seed=5)
+    prompts = ["def fib(n):", "The quick brown", "for i in", "def fib(n):", "def fib(n):"]
+    one = generate_texts(model, tokenizer, prompts, cfg, batch_size=1)
+    three = generate_texts(model, tokenizer, prompts, cfg, batch_size=3)
+    assert [o["text"] for o in one] == [o["text"] for o in three]
+    assert [o["seed"] for o in one] == [5, 6, 7, 8, 9]
+    assert len({one[i]["text"] for i in (0, 3, 4)}) > 1
+    src = write_prompts(tmp_path / "p.jsonl", [{"prompt": p} for p in prompts])
+    args = ["--checkpoint", ckpt["rpt"], "--prompts", src, "--max-new-tokens", 8, "--rpt-iters", 1, "--rpt-window", 3,
+            "--confidence", 0.1, "--temperature", 1.0, "--seed", 5, "--ignore-eos"]
+    for extra in (["--batch-size", 2], ["--reference"]):
+        code, out, err = run(capsys, *args, *extra)
+        assert code == 0, err
+        recs = [json.loads(line) for line in out.splitlines()]
+        assert [r["completion"] for r in recs] == [o["text"] for o in one]
+        assert f"stats: {sum(r['new_tokens'] for r in recs)} new tokens" in err  # each batch counted once
+    code, _, err = run(capsys, *args, "--compile", "--reference")
+    assert code == 2 and "--compile" in err
+
+
+@pytest.mark.slow
+def test_compile_flag_gives_the_eager_text(ckpt, capsys, tmp_path):
+    """``--compile`` (inductor; minutes on 2 cores): the same completions as the eager decoder."""
+    torch._dynamo.reset()
+    src = write_prompts(tmp_path / "p.jsonl", PROMPTS)
+    outs = []
+    for extra in ([], ["--compile"]):
+        code, out, err = run(capsys, "--checkpoint", ckpt["rpt"], "--prompts", src, "--max-new-tokens", 6, *RPT,
+                             "--ignore-eos", *extra)
+        assert code == 0, err
+        outs.append([json.loads(line)["completion"] for line in out.splitlines()])
+    assert outs[0] == outs[1]

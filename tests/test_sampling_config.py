@@ -25,7 +25,8 @@ def test_every_knob_and_defaults():
 def test_helpers():
     assert not SamplingConfig(temperature=0.7).greedy
     assert SamplingConfig(rpt_iters=2, ptp_greedy=True).deterministic
-    assert not SamplingConfig(rpt_iters=2, ptp_greedy=False).deterministic
+    assert SamplingConfig(rpt_iters=2, ptp_greedy=False).deterministic  # greedy NTP makes PTP greedy too
+    assert not SamplingConfig(rpt_iters=2, temperature=0.5).deterministic
     assert SamplingConfig(rpt_iters=0, ptp_greedy=False).deterministic
     assert not SamplingConfig(temperature=1.0).deterministic
     assert SamplingConfig(eos_token_id=3).eos_token_ids == [3]
@@ -76,3 +77,17 @@ def test_validate_after_mutation():
     cfg.lz_buffer = -3
     with pytest.raises(ValueError, match="lz_buffer"):
         cfg.validate()
+
+
+def test_int_knobs_become_floats():
+    """``repetition_penalty=2`` used to pass validation and then crash inside Hugging Face's processor."""
+    cfg = SamplingConfig(repetition_penalty=2, temperature=1, top_p=1, frequency_penalty=1, lz_penalty=0)
+    assert isinstance(cfg.repetition_penalty, float) and cfg.repetition_penalty == 2.0
+    assert all(isinstance(getattr(cfg, f), float) for f in ("temperature", "top_p", "frequency_penalty", "lz_penalty"))
+    import torch
+
+    from rpt.sampling.processors import build_logits_processors
+
+    procs = build_logits_processors(cfg, prompt_length=0)
+    scores = procs(torch.tensor([[0, 1]]), torch.zeros(1, 4))
+    assert scores.shape == (1, 4)

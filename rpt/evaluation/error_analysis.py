@@ -14,14 +14,17 @@ the previous ``x_{i+1}``, so the marginal ``p_k`` of ``x_i`` after ``k`` iterati
     p_{k+1} = m_k P,
 
 and the paper's error is ``eps_k = 1 - p_k(x_i)`` at the true ``x_i``, averaged over positions
-(Table 2, ``k = 0`` is NTP). Fig. 6 is the histogram of ``p_1(x_i) - p_0(x_i)``.
+(Table 2, ``k = 0`` is NTP). Fig. 6 is the histogram of ``p_1(x_i) - p_0(x_i)``. This is the
+chain the sampler runs (:mod:`rpt.sampling.algorithm`; ``tests/test_eq4_distribution.py`` checks
+the sampler's draws against its exact enumeration).
 
 **Exact** (small vocabularies): ``N`` needs one NTP query per ``a`` (token ``a`` at position
 ``i``, offset row 0) and ``P`` one PTP-1 query per ``b`` (token ``b`` at position ``i + 1``,
 offset row 1 = ``tau - sigma = -1``, seeing only ``x_<i``). All queries of a position run over
-one forward of its context: the context fills a KV cache, then many query tokens go in a single
-call with a 4D mask under which each query sees the context and itself only; the cache is
-rewound after each call. Positions are batched with left padding.
+one forward of its context: the context fills a position-addressed KV cache, then many query
+tokens go in a single call (:class:`rpt.queries.ModelQueries`, which owns the mask and checks the
+attention implementation), written to scratch columns after the context, each seeing the context
+and itself only. Positions are batched with left padding.
 
 **Top-m estimator** (large vocabularies): propagate the marginal itself, truncated. With
 ``q_0 = p0`` (exact, over the whole vocabulary) each iteration
@@ -59,7 +62,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from transformers import DynamicCache
+
+from rpt.queries import ModelQueries, Visibility
 
 NTP_ROW, PTP1_ROW = 0, 1
 HISTOGRAM_BINS = 50
@@ -82,44 +86,38 @@ def chain_marginals(p0: torch.Tensor, next_cond: torch.Tensor, prev_cond: torch.
 
 
 # ---- model queries -----------------------------------------------------------------------------
-def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # Additive float mask, not bool: eager attention adds the mask to the scores, sdpa accepts both.
-    zero = torch.zeros((), dtype=dtype)
-    return torch.where(allowed, zero, torch.tensor(torch.finfo(dtype).min, dtype=dtype)).unsqueeze(1)
-
-
 @dataclass
 class EncodedContexts:
-    """A batch of left-padded contexts in a KV cache, and the NTP marginal after each."""
+    """A batch of left-padded contexts in a position-addressed KV cache, and the NTP marginal after each.
 
-    cache: DynamicCache
-    real: torch.Tensor  # [B, C] bool: which cache slots hold a real (non-padding) token
+    Cache columns ``0 .. width-1`` hold the contexts (row j's from ``start[j]``); queries are written in
+    the scratch columns after them, so each call sees the contexts untouched.
+    """
+
+    queries: ModelQueries  # the model on its cache (rpt.queries: the mask format, the attention check)
+    width: int  # padded context width
+    start: torch.Tensor  # [B] first real column per row
     lengths: torch.Tensor  # [B] context lengths
     p0: torch.Tensor  # [B, V] float64
 
 
 @torch.no_grad()
-def encode_contexts(model, contexts: Sequence[Sequence[int]], pad_id: int = 0) -> EncodedContexts:
-    """One forward of every context (left-padded to the longest), filling a fresh KV cache."""
-    device = model.device
+def encode_contexts(model, contexts: Sequence[Sequence[int]], pad_id: int = 0, query_chunk: int = 512) -> EncodedContexts:
+    """One forward of every context (left-padded to the longest), filling a fresh KV cache with room
+    for ``query_chunk`` queries per call after it."""
+    device = next(model.parameters()).device
     lengths = torch.tensor([len(c) for c in contexts], device=device)
     width = int(lengths.max())
     ids = torch.full((len(contexts), width), pad_id, dtype=torch.long, device=device)
     for row, context in enumerate(contexts):
         ids[row, width - len(context):] = torch.as_tensor(list(context), dtype=torch.long, device=device)
     col = torch.arange(width, device=device)
-    start = (width - lengths)[:, None]
-    real = col[None, :] >= start
-    # Real tokens at positions 0..len-1; a padding row only sees itself, so no softmax row is empty.
-    position_ids = (col[None, :] - start).clamp(min=0)
-    allowed = (col[None, None, :] <= col[None, :, None]) & real[:, None, :]
-    allowed |= torch.eye(width, dtype=torch.bool, device=device)
-    cache = DynamicCache(config=model.config)
-    logits = model(
-        ids, position_ids=position_ids, attention_mask=_additive_mask(allowed, model.dtype),
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
-    ).logits[:, -1]
-    return EncodedContexts(cache, real, lengths, torch.softmax(logits.double(), dim=-1))
+    start = width - lengths
+    # real tokens at positions 0..len-1; each sees the real columns up to its own (padding only itself)
+    position_ids = (col[None, :] - start[:, None]).clamp(min=0)
+    queries = ModelQueries(model, width + query_chunk)
+    logits = queries(ids, position_ids, col, Visibility(col, start), kv_len=width, keep=1)[:, -1]
+    return EncodedContexts(queries, width, start, lengths, torch.softmax(logits.double(), dim=-1))
 
 
 @torch.no_grad()
@@ -129,23 +127,20 @@ def query_tokens(model, enc: EncodedContexts, tokens: torch.Tensor, shift: int, 
     Query ``tokens[j, q]`` sits at position ``lengths[j] + shift`` with offset row ``row`` and
     sees its context and itself only: ``shift=0, row=0`` gives ``N(.|a)`` for ``a = tokens``,
     ``shift=1, row=1`` gives ``P(.|b)`` (PTP-1: ``x_{i+1} = b`` predicting ``x_i``). Queries go in
-    chunks of ``chunk`` per row, each followed by rewinding the cache to the contexts.
+    calls of at most ``chunk`` per row, written to scratch columns after the contexts.
     """
     batch, total = tokens.shape
-    width = enc.real.shape[1]
+    width = enc.width
+    chunk = max(1, min(chunk, enc.queries.capacity - width))
+    limit = torch.full((1,), width - 1, device=tokens.device)
     out = []
     for lo in range(0, total, chunk):
         part = tokens[:, lo:lo + chunk]
         q = part.shape[1]
-        allowed = torch.cat([enc.real[:, None, :].expand(batch, q, width),
-                             torch.eye(q, dtype=torch.bool, device=part.device).expand(batch, q, q)], dim=2)
+        columns = width + torch.arange(q, device=part.device)
         position_ids = (enc.lengths + shift)[:, None].expand(batch, q)
-        offset_ids = torch.full_like(part, row)
-        logits = model(
-            part, position_ids=position_ids, offset_ids=offset_ids, attention_mask=_additive_mask(allowed, model.dtype),
-            past_key_values=enc.cache, use_cache=True,
-        ).logits
-        enc.cache.crop(-q)  # drop the query keys: the next call must see the contexts only
+        logits = enc.queries(part, position_ids, columns, Visibility(limit.expand(q), enc.start), kv_len=width + q,
+                             offsets=torch.full_like(part, row) if row else None)
         out.append(torch.softmax(logits.double(), dim=-1))
     return torch.cat(out, dim=1)
 

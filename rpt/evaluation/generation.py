@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.loading import completion_text, load_model, load_tokenizer, rpt_window_of
+from rpt.sampling.loading import load_model, load_tokenizer, rpt_window_of
+from rpt.sampling.texts import complete
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,36 +46,18 @@ def check_source_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def generate_texts(
     model, tokenizer, prompts: Sequence[str], config: SamplingConfig, batch_size: int = 8,
-    on_batch: Callable[[int], None] | None = None,
+    on_batch: Callable[[int], None] | None = None, *, row_seeds: Sequence[int] | None = None,
 ) -> list[dict]:
     """Continuations of ``prompts``: per prompt ``text`` (cut at ``config.stop``), ``prompt_ids``,
-    ``new_ids``, ``finish_reason``; plus the batch's decoding stats under ``stats``."""
-    from rpt.sampling.rpt import generate
+    ``new_ids``, ``finish_reason``, ``seed``; plus the batch's decoding stats under ``stats``.
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    device = next(model.parameters()).device
-    out: list[dict] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        encoded = [tokenizer(p)["input_ids"] for p in chunk]
-        width = max(len(e) for e in encoded)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, e in enumerate(encoded):
-            ids[b, width - len(e) :] = torch.tensor(e)
-            mask[b, width - len(e) :] = 1
-        result = generate(model, ids.to(device), config, attention_mask=mask.to(device), tokenizer=tokenizer)
-        for b, e in enumerate(encoded):
-            new = result.generated(b)
-            # the prompt as fed: shorter than ``e`` when token healing backed it up
-            fed = result.sequences[b, result.prompt_width - result.prompt_lengths[b] : result.prompt_width].tolist()
-            out.append({
-                "text": completion_text(tokenizer, e, fed, new, config.stop), "prompt_ids": e, "new_ids": new,
-                "finish_reason": result.finish_reasons[b], "stats": dict(result.stats),
-            })
-        if on_batch is not None:
-            on_batch(len(chunk))
-    return out
+    Prompt i's draws are keyed by ``config.seed + i`` (or ``row_seeds[i]``): its text does not depend
+    on ``batch_size``, and repeated prompts give different samples (:mod:`rpt.sampling.texts`).
+    """
+    encoded = [tokenizer(p)["input_ids"] for p in prompts]
+    done = complete(model, tokenizer, encoded, config, batch_size=batch_size, row_seeds=row_seeds, on_batch=on_batch)
+    return [{"text": c.text, "prompt_ids": c.prompt_ids, "new_ids": c.new_ids, "finish_reason": c.finish_reason,
+             "seed": c.seed, "stats": dict(c.stats)} for c in done]
 
 
 def process_state():

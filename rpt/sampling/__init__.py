@@ -1,7 +1,15 @@
-"""Sampling: the config, the LZ penalty, the standard penalties and warpers, token healing."""
+"""Sampling: the config, the RPT decoders, the LZ penalty, the standard penalties and warpers, token healing.
 
-from rpt.sampling.common import GenerateOutput
+Modules: :mod:`~rpt.sampling.algorithm` (RPT stated once), :mod:`~rpt.sampling.fast_decoder`
+(``generate``: batched, on a KV cache), :mod:`~rpt.sampling.reference` (``generate_reference``:
+uncached, the oracle), :mod:`~rpt.sampling.proposals` and :mod:`~rpt.sampling.randomness` (the
+proposal rules and position-keyed draws both decoders share), :mod:`~rpt.sampling.prompts`,
+:mod:`~rpt.sampling.output`, :mod:`~rpt.sampling.streaming`, :mod:`~rpt.sampling.stopping`,
+:mod:`~rpt.sampling.texts` (prompts in, texts out), the processors and the loaders.
+"""
+
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.fast_decoder import generate
 from rpt.sampling.healing import (
     HealedPrompt,
     TokenHealingLogitsProcessor,
@@ -16,6 +24,7 @@ from rpt.sampling.lz import (
     lz_match_lengths,
     lz_penalty,
 )
+from rpt.sampling.output import GenerateOutput
 from rpt.sampling.processors import (
     FrequencyPresencePenaltyLogitsProcessor,
     build_logits_processors,
@@ -23,7 +32,6 @@ from rpt.sampling.processors import (
     warper_processors,
 )
 from rpt.sampling.reference import generate_reference
-from rpt.sampling.rpt import generate
 
 __all__ = [
     "GenerateOutput",

@@ -42,7 +42,7 @@ _HELP = {
     "token_healing": "heal the prompt boundary (re-spell its last tokens canonically)",
     "stop": "stop string (repeatable; \\n and \\t escapes understood)",
     "eos_token_id": "end-of-sequence token id (repeatable; default: the tokenizer's)",
-    "seed": "random seed (same seed, same output)",
+    "seed": "random seed: row i of the prompts draws with seed + i (same seed, same output, any batch size)",
 }
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}

@@ -21,6 +21,24 @@ def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
+_INT_RULES = (
+    (("max_new_tokens", "rpt_window", "lz_window", "lz_buffer"), 1, "use an integer >= 1"),
+    (("top_k", "rpt_iters"), 0, "use an integer >= 0 (0 turns it off)"),
+)
+_RANGE_RULES = (
+    ("temperature", lambda v: v >= 0, "use 0 for greedy decoding or a positive temperature"),
+    ("top_p", lambda v: 0 < v <= 1, "use a value in (0, 1]; 1 turns top-p off"),
+    ("min_p", lambda v: 0 <= v <= 1, "use a value in [0, 1]; 0 turns min-p off"),
+    ("confidence", lambda v: 0 <= v <= 1, "use a probability in [0, 1] (paper default 0.9)"),
+    ("repetition_penalty", lambda v: v > 0, "use a value > 0; 1 turns it off, > 1 discourages repeats"),
+    ("frequency_penalty", lambda v: -2 <= v <= 2, "use a value in [-2, 2] (OpenAI range); 0 turns it off"),
+    ("presence_penalty", lambda v: -2 <= v <= 2, "use a value in [-2, 2] (OpenAI range); 0 turns it off"),
+    ("lz_penalty", lambda v: v >= 0, "use alpha >= 0; 0 turns it off, paper default 0.15"),
+)
+_FLOAT_KNOBS = ("temperature", "top_p", "min_p", "confidence", "repetition_penalty", "frequency_penalty",
+                "presence_penalty", "lz_penalty")
+
+
 @dataclass
 class SamplingConfig:
     """Decoding knobs; invalid values raise ``ValueError`` at construction (and on ``validate()``)."""
@@ -55,49 +73,38 @@ class SamplingConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field and how to fix it."""
-
-        def bad(name: str, fix: str) -> ValueError:
-            return ValueError(f"SamplingConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
-
-        for name in ("max_new_tokens", "rpt_window", "lz_window", "lz_buffer"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
-                raise bad(name, "use an integer >= 1")
-        for name in ("top_k", "rpt_iters"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
-                raise bad(name, "use an integer >= 0 (0 turns it off)")
+        """Raise ``ValueError`` naming the first bad field and how to fix it (ints given for float knobs,
+        e.g. ``repetition_penalty=2``, become floats: Hugging Face's processors require floats)."""
+        for names, low, fix in _INT_RULES:
+            for name in names:
+                if not _is_int(getattr(self, name)) or getattr(self, name) < low:
+                    raise self._bad(name, fix)
         if self.rpt_window < 2:
-            raise bad("rpt_window", "RPT revisits at least one previous token; use 2 or 3")
-        for name in ("temperature", "top_p", "min_p", "confidence", "repetition_penalty",
-                     "frequency_penalty", "presence_penalty", "lz_penalty"):
+            raise self._bad("rpt_window", "RPT revisits at least one previous token; use 2 or 3")
+        for name in _FLOAT_KNOBS:
             if not _is_real(getattr(self, name)):
-                raise bad(name, "use a finite number")
-        if self.temperature < 0:
-            raise bad("temperature", "use 0 for greedy decoding or a positive temperature")
-        if not 0 < self.top_p <= 1:
-            raise bad("top_p", "use a value in (0, 1]; 1 turns top-p off")
-        if not 0 <= self.min_p <= 1:
-            raise bad("min_p", "use a value in [0, 1]; 0 turns min-p off")
-        if not 0 <= self.confidence <= 1:
-            raise bad("confidence", "use a probability in [0, 1] (paper default 0.9)")
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "use a value > 0; 1 turns it off, > 1 discourages repeats")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise bad(name, "use a value in [-2, 2] (OpenAI range); 0 turns it off")
-        if self.lz_penalty < 0:
-            raise bad("lz_penalty", "use alpha >= 0; 0 turns it off, paper default 0.15")
+                raise self._bad(name, "use a finite number")
+            setattr(self, name, float(getattr(self, name)))
+        for name, ok, fix in _RANGE_RULES:
+            if not ok(getattr(self, name)):
+                raise self._bad(name, fix)
+        self._check_flags_and_lists()
+
+    def _bad(self, name: str, fix: str) -> ValueError:
+        return ValueError(f"SamplingConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+    def _check_flags_and_lists(self) -> None:
         for name in ("ptp_greedy", "lz_include_prompt", "penalize_ptp", "token_healing"):
             if not isinstance(getattr(self, name), bool):
-                raise bad(name, "use True or False")
+                raise self._bad(name, "use True or False")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise bad("stop", "use a list of non-empty strings, e.g. stop=['\\n\\n']")
+            raise self._bad("stop", "use a list of non-empty strings, e.g. stop=['\\n\\n']")
         eos = self.eos_token_id
         eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
         if not all(_is_int(i) and i >= 0 for i in eos_ids):
-            raise bad("eos_token_id", "use None, a token id >= 0, or a list of token ids")
+            raise self._bad("eos_token_id", "use None, a token id >= 0, or a list of token ids")
         if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "use None or an integer")
+            raise self._bad("seed", "use None or an integer")
 
     @property
     def greedy(self) -> bool:
@@ -106,8 +113,8 @@ class SamplingConfig:
 
     @property
     def deterministic(self) -> bool:
-        """The whole decode is a function of the prompt: greedy NTP and (no RPT or greedy PTP)."""
-        return self.greedy and (self.rpt_iters == 0 or self.ptp_greedy)
+        """The whole decode is a function of the prompt: greedy NTP (which makes PTP greedy too)."""
+        return self.greedy
 
     @property
     def eos_token_ids(self) -> list[int]:

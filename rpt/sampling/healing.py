@@ -219,3 +219,24 @@ class TokenHealingLogitsProcessor(LogitsProcessor):
             banned[row] = True
             banned[row, allowed] = False
         return scores.masked_fill(banned.to(scores.device), float("-inf"))
+
+
+class HealingFrontier:
+    """How many leading generated tokens of a row healing froze (None while still re-spelling).
+
+    RPT never revisits them, so a correction cannot break the re-spelled prompt text.
+    """
+
+    def __init__(self, vocab: TokenVocabulary | None, prefix: bytes):
+        self.vocab, self.prefix = vocab, prefix
+        self.free_from: int | None = 0 if not prefix else None
+
+    def update(self, generated: list[int]) -> None:
+        """Call after each settled position; frozen tokens never change, so this is final once set."""
+        if self.free_from is None:
+            spelled = self.vocab.decode(generated)
+            if spelled is None or len(spelled) >= len(self.prefix):
+                self.free_from = len(generated)
+
+    def first_revisable(self, generated_so_far: int) -> int:
+        return generated_so_far if self.free_from is None else self.free_from

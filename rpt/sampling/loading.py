@@ -1,4 +1,4 @@
-"""Loading a checkpoint for sampling and turning generated tokens back into text.
+"""Loading a checkpoint for sampling, and encoding its prompts.
 
 Shared by ``sample.py`` and the evaluation scripts, so every entry point validates a checkpoint
 and reports a bad one with the same message.
@@ -13,7 +13,6 @@ import torch
 
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.stopping import truncate_at_stop
 
 
 def _is_local(path: str) -> bool:
@@ -90,16 +89,3 @@ def encode(tokenizer, records: list[dict], model) -> list[list[int]]:
                              "tokens (max_position_embeddings); shorten it")
         out.append(ids)
     return out
-
-
-def completion_text(tokenizer, prompt_ids: list[int], fed_ids: list[int], generated: list[int], stop: list[str]) -> str:
-    """The text after the prompt, cut at the first stop string.
-
-    ``fed_ids`` is the prompt as decoded from (shorter than ``prompt_ids`` when token healing removed
-    its end, which the generated tokens then re-spell), so the prompt is cut off by its text.
-    """
-    prompt_text = tokenizer.decode(prompt_ids, skip_special_tokens=True)
-    full = tokenizer.decode(list(fed_ids) + list(generated), skip_special_tokens=True)
-    text = full[len(prompt_text):] if full.startswith(prompt_text) else tokenizer.decode(generated, skip_special_tokens=True)
-    return truncate_at_stop(text, stop)
-

@@ -200,8 +200,11 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             ``[batch]`` per row (e.g. just the left padding, to include the prompt). 0 = everything.
         vocab_size: V in ``log2 V``; defaults to the width of ``scores``. Ids >= the scores width
             are matched but never penalised (they cannot be sampled).
-        inplace: modify ``scores`` in place (saves one copy of the logits; off by default because
-            ``generate`` may keep the unprocessed logits around).
+        inplace: modify ``scores`` in place (default): the penalty then costs O(batch x W) beyond
+            the caller's own pass over the logits. Hugging Face ``generate`` hands processors a copy
+            of the model's logits, so this is safe there, except that ``output_logits=True`` then
+            records the penalised logits; pass ``inplace=False`` to leave the given tensor untouched
+            (one ``[batch, V]`` copy per call).
         incremental: carry match lengths between calls (:class:`LZMatchTracker`) when the context
             grew by one token. None (default) = only for CPU tensors with an int ``prompt_length``;
             on GPU the from-scratch path is cheap, has no host synchronisation and can be captured
@@ -215,7 +218,7 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         buffer: int = 32,
         prompt_length: int | torch.Tensor = 0,
         vocab_size: int | None = None,
-        inplace: bool = False,
+        inplace: bool = True,
         incremental: bool | None = None,
     ) -> None:
         if not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:

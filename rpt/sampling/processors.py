@@ -84,11 +84,12 @@ class FrequencyPresencePenaltyLogitsProcessor(LogitsProcessor):
 
 
 def penalty_processors(config: SamplingConfig, prompt_length: Columns = 0, vocab_size: int | None = None,
-                       pad_length: Columns | None = None, inplace: bool = False) -> LogitsProcessorList:
+                       pad_length: Columns | None = None, inplace: bool = True) -> LogitsProcessorList:
     """The enabled penalties, in order repetition -> frequency/presence -> LZ.
 
-    ``inplace=True`` lets the LZ processor overwrite the logits it is given (for a decoder that owns
-    them); it does so anyway when an earlier penalty already returned a fresh tensor.
+    The LZ processor edits the logits it is given in place (Hugging Face ``generate`` and the RPT
+    decoders pass logits nobody reuses); ``inplace=False`` keeps the caller's tensor, unless an earlier
+    penalty already returned a fresh one.
     """
     _check_columns("prompt_length", prompt_length)
     if pad_length is not None:
@@ -131,7 +132,7 @@ def build_logits_processors(
     include_warpers: bool = True,
     pad_length: Columns | None = None,
     healing: LogitsProcessor | None = None,
-    inplace: bool = False,
+    inplace: bool = True,
 ) -> LogitsProcessorList:
     """Healing (if given) -> penalties -> (unless ``include_warpers=False``) warpers.
 
@@ -144,8 +145,8 @@ def build_logits_processors(
             confidence test reads.
         pad_length: leading left-padding columns per row, ignored by every penalty.
         healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, applied first.
-        inplace: the caller's logits may be overwritten (saves a ``[batch, V]`` copy in the LZ
-            processor); keep False under ``generate(output_logits=True)``.
+        inplace: the caller's logits may be overwritten (default; saves a ``[batch, V]`` copy in the
+            LZ processor); pass False under ``generate(output_logits=True)`` to record raw logits.
     """
     procs = LogitsProcessorList([healing] if healing is not None else [])
     procs.extend(penalty_processors(config, prompt_length, vocab_size, pad_length, inplace=inplace or bool(procs)))

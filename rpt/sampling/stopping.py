@@ -9,7 +9,6 @@ every token kept (callers cut the text with :func:`truncate_at_stop`).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 # A character is at most 4 UTF-8 bytes and every token carries at least one byte, so the last
@@ -50,55 +49,3 @@ def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
     """``text`` up to (excluding) the earliest occurrence of any stop string."""
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
     return text[:cut]
-
-
-class TextStream:
-    """Prints a single row's completion as its tokens freeze, never printing past a stop string.
-
-    Speaks the ``put`` / ``end`` protocol of Hugging Face streamers: the first ``put`` is the prompt
-    as fed (after token healing, possibly shorter than ``prompt_text``). Healing makes the first
-    generated tokens re-spell the prompt's removed end, which is not printed again. Text that could
-    still become the start of a stop string, and a trailing incomplete UTF-8 character, are held
-    back until more tokens come or the end.
-    """
-
-    def __init__(self, tokenizer, stop: Sequence[str] = (), file=None, prompt_text: str = ""):
-        self.tokenizer, self.stop = tokenizer, list(stop)
-        self.file = file or sys.stdout
-        self.prompt_text = prompt_text
-        self.ids: list[int] | None = None
-        self.printed = 0
-        self._hold = max((len(s) for s in self.stop), default=1) - 1
-        self._skip = ""
-
-    def _text(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if self._skip and text.startswith(self._skip):
-            text = text[len(self._skip):]
-        return truncate_at_stop(text, self.stop)
-
-    def put(self, value) -> None:
-        ids = value.tolist() if hasattr(value, "tolist") else list(value)
-        if ids and isinstance(ids[0], list):
-            ids = ids[0]
-        if self.ids is None:  # the prompt: what healing removed from its text is re-generated first
-            fed = self.tokenizer.decode(ids, skip_special_tokens=True)
-            if self.prompt_text.startswith(fed):
-                self._skip = self.prompt_text[len(fed):]
-            self.ids = []
-            return
-        self.ids.extend(int(i) for i in ids)
-        text = self._text()
-        safe = len(text) - self._hold
-        while safe > self.printed and text[safe - 1] == "\ufffd":
-            safe -= 1
-        if safe > self.printed:
-            self.file.write(text[self.printed:safe])
-            self.file.flush()
-            self.printed = safe
-
-    def end(self) -> None:
-        text = self._text() if self.ids is not None else ""
-        self.file.write(text[self.printed:] + "\n")
-        self.file.flush()
-        self.printed = len(text)

@@ -1,0 +1,221 @@
+r"""``ModelQueries``: logits of query tokens against a position-addressed KV cache.
+
+The one primitive beside :class:`~rpt.model.RPTForCausalLM` that the RPT decoder, the error
+analysis and the decode benchmark use. A call feeds, per row, query tokens with their positions
+and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache columns
+(:class:`~rpt.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
+:class:`Visibility`:
+
+* the **sequence** columns ``start[b] .. limit[b, q]`` (a row's left padding lies before
+  ``start``; an NTP query at column c has ``limit = c``, a PTP chain predicting ``x_j`` has
+  ``limit = j - 1``: it must not see the token it may replace);
+* the columns ``since[q] .. columns[q]``: its own (so no query ever has an empty softmax row) and,
+  for a PTP chain ``x_{j+1}, ..., x_t`` written in consecutive scratch columns past the end of the
+  sequence, the chain's earlier tokens.
+
+This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
+float one for eager attention, which adds it to the scores) and the attention-implementation check:
+``sdpa`` and ``eager`` take the mask directly; ``flex_attention`` and ``flash_attention_2/3`` (which
+read a 4D mask as a padding mask, or need a ``BlockMask``) run these calls with ``sdpa``, switched
+for the call and back; anything else is a ``ValueError`` naming the implementation and ``sdpa``.
+
+``compile=True`` compiles the model step with fixed shapes: the cache is read whole
+(``kv_len = capacity``) and the query block is padded to a few bucket sizes, so a decode
+compiles once per bucket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from rpt.kv_cache import PositionKVCache
+
+EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
+QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class Visibility:
+    """What each query of a call may attend to: two column ranges (see the module docstring).
+
+    ``limit``: ``[Q]`` or ``[batch, Q]`` last visible sequence column per query; ``start``: ``[batch]``
+    first one per row (None: 0). ``since``: ``[Q]`` first column of the query's own run in this call (a
+    PTP chain's first token; None: only its own column), visible up to the query's own column.
+    """
+
+    limit: torch.Tensor
+    start: torch.Tensor | None = None
+    since: torch.Tensor | None = None
+
+
+def visibility_mask(vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """``[batch or 1, Q, kv_len]`` bool: True where a query may attend to a cache column."""
+    key = torch.arange(kv_len, device=columns.device)
+    limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None]
+    allowed = key <= limit[..., None]
+    if vis.start is not None:
+        allowed = allowed & (key >= vis.start[:, None, None])
+    since = columns if vis.since is None else vis.since
+    return allowed | ((key >= since[:, None]) & (key <= columns[:, None]))
+
+
+def implementation_of(model) -> str:
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    return str(getattr(config, "_attn_implementation", None) or "eager")
+
+
+def _configs(model) -> list:
+    """Every config object a submodule reads its attention implementation from."""
+    seen: dict[int, object] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            seen.setdefault(id(config), config)
+            for key in getattr(config, "sub_configs", {}):
+                sub = getattr(config, key, None)
+                if sub is not None and hasattr(sub, "_attn_implementation_internal"):
+                    seen.setdefault(id(sub), sub)
+    return list(seen.values())
+
+
+def check_attention(model) -> str | None:
+    """The implementation to run custom-mask calls with: None (the model's own), or ``"sdpa"``.
+
+    ``ValueError`` (naming the implementation and ``sdpa``) for one that cannot be made exact.
+    """
+    impl = implementation_of(model)
+    if impl in EXACT_IMPLEMENTATIONS:
+        return None
+    if impl == "flex_attention" or "flash" in impl:
+        return "sdpa"  # these read a 4D float mask as padding, or want a BlockMask: run the call with sdpa
+    raise ValueError(
+        f"attention implementation {impl!r} cannot take the custom 4D attention masks of RPT's queries; "
+        f"load the model with attn_implementation='sdpa' (or 'eager'), e.g. model.set_attn_implementation('sdpa')"
+    )
+
+
+@contextlib.contextmanager
+def attention_implementation(model, impl: str | None) -> Iterator[None]:
+    """Run the body with ``impl`` set on every config of ``model`` (None: unchanged), then restore."""
+    if impl is None:
+        yield
+        return
+    configs = _configs(model)
+    saved = [c._attn_implementation_internal for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation_internal = impl
+        yield
+    finally:
+        for c, old in zip(configs, saved):
+            c._attn_implementation_internal = old
+
+
+def bucket(q: int) -> int:
+    """The smallest bucket size >= ``q`` (fixed query shapes for torch.compile)."""
+    for size in QUERY_BUCKETS:
+        if size >= q:
+            return size
+    return q
+
+
+class ModelQueries:
+    """A model, a :class:`PositionKVCache` of ``capacity`` columns, and calls on them.
+
+    Args:
+        model: an :class:`~rpt.model.RPTForCausalLM` (offset rows) or any HF causal LM (NTP only).
+        capacity: cache columns; a call writing at column c needs ``c < capacity`` (with ``compile``,
+            ``c < capacity - 7``: the last columns take the padding queries of a bucket).
+        compile: compile the model step for fixed shapes (queries padded to :data:`QUERY_BUCKETS`,
+            the whole cache attended); calls with more than ``compile_max_queries`` queries (a
+            prefill) run eagerly. ``compile_backend``: the ``torch.compile`` backend.
+    """
+
+    def __init__(self, model, capacity: int, *, compile: bool = False, compile_max_queries: int = 8,
+                 compile_backend: str = "inductor"):
+        self.model = model
+        self.switch = check_attention(model)
+        self.bool_mask = (self.switch or implementation_of(model)) == "sdpa"
+        self.cache = PositionKVCache.for_model(model, capacity)
+        self.capacity = capacity
+        self.dtype = model.dtype
+        self.device = next(model.parameters()).device
+        self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        self._neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        self.takes_offsets = hasattr(model, "offset_embedding")
+        self.compile_max_queries = compile_max_queries if compile else 0
+        self._compiled = torch.compile(self._step, dynamic=False, backend=compile_backend) if compile else None
+        self.calls = 0
+
+    def mask(self, vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The ``[batch or 1, 1, Q, kv_len]`` mask: boolean for sdpa, additive (0 / -inf-ish) for eager."""
+        allowed = visibility_mask(vis, columns, kv_len)[:, None]
+        if self.bool_mask:
+            return allowed
+        return torch.where(allowed, self._zero, self._neg)
+
+    def _step(self, ids, positions, offsets, mask, columns, keep):
+        self.cache.columns = columns
+        kwargs = dict(position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
+        if offsets is not None:
+            kwargs["offset_ids"] = offsets
+        if keep is not None:
+            kwargs["logits_to_keep"] = keep
+        return self.model(ids, **kwargs).logits
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, vis: Visibility,
+                 kv_len: int, offsets: torch.Tensor | None = None, keep: int | torch.Tensor | None = None,
+                 plain: bool = False) -> torch.Tensor:
+        """Logits ``[batch, K, V]`` of the queries ``keep`` selects (an int: the last K; a tensor of
+        query indices; None: all).
+
+        Args:
+            ids, positions: ``[batch, Q]`` tokens and their position ids.
+            columns: ``[Q]`` cache columns the queries' KV is written to (the same for every row).
+            vis: what each query sees; ``kv_len``: the cache columns the call attends over (the
+                visible ones must lie below it).
+            offsets: ``[batch, Q]`` offset rows (None: all 0, plain NTP).
+            plain: every query sees every column below ``kv_len`` (a 1-query NTP step of unpadded
+                rows): the model runs without a mask, as in a plain decode.
+        """
+        if offsets is not None and not self.takes_offsets:
+            raise ValueError(f"offset rows need an RPTForCausalLM, got {type(self.model).__name__}")
+        self.calls += 1
+        q = ids.shape[1]
+        with attention_implementation(self.model, self.switch):
+            if 0 < q <= self.compile_max_queries:
+                return self._compiled_call(ids, positions, columns, vis, offsets, keep)
+            self.cache.kv_len = kv_len
+            built = None if plain else self.mask(vis, columns, kv_len)
+            return self._step(ids, positions, offsets, built, columns, keep)
+
+    def _compiled_call(self, ids, positions, columns, vis, offsets, keep):
+        """Pad the block to its bucket with inert queries (scratch columns past the real ones, seeing only
+        themselves) and run the compiled step over the whole cache."""
+        q, size = ids.shape[1], bucket(ids.shape[1])
+        batch = ids.shape[0]
+        if size > q:
+            extra = size - q
+            spare = torch.arange(extra, device=columns.device) + self.capacity - extra
+            columns = torch.cat([columns, spare])
+            ids = torch.cat([ids, ids.new_zeros(batch, extra)], 1)
+            positions = torch.cat([positions, positions.new_zeros(batch, extra)], 1)
+            if offsets is not None:
+                offsets = torch.cat([offsets, offsets.new_zeros(batch, extra)], 1)
+            limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1)
+            since = None if vis.since is None else torch.cat([vis.since, spare])
+            vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
+        if offsets is None and self.takes_offsets:
+            offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
+        # an expanded (stride 0) input would compile a second graph for the same shapes
+        ids, positions = ids.contiguous(), positions.contiguous()
+        offsets = None if offsets is None else offsets.contiguous()
+        self.cache.kv_len = self.capacity
+        logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
+        if keep is None:
+            return logits[:, :q]
+        return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

@@ -1,0 +1,403 @@
+r"""``generate``: the RPT algorithm driven on a KV cache, all rows batched, one model call per new token
+on the common path.
+
+The algorithm is :func:`rpt.sampling.algorithm.decode_row` (read that first); the uncached reference
+(:mod:`rpt.sampling.reference`) drives the same statement. This driver answers the requests of all
+rows with one call of :class:`~rpt.queries.ModelQueries` per round, in a few pure steps: plan the
+call, build its inputs, call the model, propose, hand the answers back.
+
+**Layout.** The prompts are left-padded to width ``W``; every row's position p sits at column
+``p + pad``. Rows advance in lockstep: all settle column ``n`` before any moves to ``n + 1`` (so the
+processors see one ``[batch, n + 1]`` context). Cache column c holds the NTP KV of the token last
+fed at column c; the driver remembers which token that was (``_Slot.kv``), so the cache serves a
+row up to its first column whose token changed since, whatever changed it.
+
+**A call at column n** feeds, for every row, the same block of queries:
+
+* the *NTP region*, columns ``n - R + 1 .. n`` (offset row 0), rewriting their KV in place; R covers
+  each row's first stale column (usually R = 1: the new ``x_n``). Its logits at ``n`` give every
+  row's NTP proposals for ``x_{n+1}`` (one per RPT iteration: drawn once, kept until the prefix
+  changes); those at ``n - 1`` the re-proposal of ``x_n`` after a sweep changed an earlier token;
+* one *PTP chain* per lag ``l`` some row asks for: ``x_{n-l+1}, ..., x_n`` in scratch columns past
+  ``n``, offset rows ``1..l``, seeing the columns before ``x_{n-l}`` and its own earlier tokens; its
+  last logits are ``p(x_{n-l} | x_<n-l, x_{n-l+1..n})`` (eq. 8).
+
+**Common path** (no correction accepted, greedy): the NTP proposal for ``x_n`` is already known, the
+sweep needs its chains, and the call that computes them also feeds ``x_n`` and so gives the proposal
+for ``x_{n+1}``: one call per token, and one device-to-host transfer per call (every proposal and
+acceptance of the call together). After an accepted correction at column j the columns from j on
+are stale; the next call's region starts at j and rewrites them. At temperature > 0 every sweep is
+followed by a redraw of ``x_n`` whose value is known before the call (a keyed draw from logits the
+driver has, unless the sweep changes the prefix): the call feeds that value at column n instead of
+the current one, so its logits at n are already those the next position needs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from rpt.queries import ModelQueries, Visibility
+from rpt.sampling import randomness
+from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
+from rpt.sampling.config import SamplingConfig
+from rpt.sampling.healing import TokenHealingLogitsProcessor
+from rpt.sampling.output import GenerateOutput, assemble
+from rpt.sampling.prompts import (
+    Prompts,
+    check_model,
+    effective_max_new_tokens,
+    pad_token_id,
+    prepare_prompts,
+    rpt_iterations,
+)
+from rpt.sampling.proposals import Proposer
+from rpt.sampling.stopping import StopChecker
+from rpt.sampling.streaming import check_streamer
+
+WAIT, READY, BLOCKED = "wait", "ready", "blocked"
+
+
+@dataclass
+class _Slot:
+    """The driver's view of one row: its program, what the cache holds for it, proposals it may reuse.
+
+    ``kv[c]`` is the token whose NTP KV sits at cache column c (computed over the tokens ``kv`` holds
+    before c); the cache serves the row through column c while ``kv`` equals its tokens up to c.
+    ``draws[c]`` are NTP proposals for column c (one per RPT iteration) from the logits at c - 1 over
+    that cache state: usable while it serves the row through c - 1.
+    """
+
+    index: int
+    row: Row
+    program: Program
+    pad: int
+    pad_id: int
+    kv: list[int | None]
+    requests: list[Request] | None = None  # what the program waits for; None once it has finished
+    draws: dict[int, list[int]] = field(default_factory=dict)
+    low: int = 0  # columns below it are served (they precede every window still open)
+    feed: dict[int, int] = field(default_factory=dict)  # this call's tokens to feed in place of the row's
+
+    def token(self, c: int) -> int:
+        """The row's token at column c (the pad id left of the prompt and after a finished row's end)."""
+        p = c - self.pad
+        return self.row.tokens[p] if 0 <= p < len(self.row.tokens) else self.pad_id
+
+    def served_upto(self, n: int) -> int:
+        """The first column (<= n + 1) whose cached KV is not the current token's."""
+        for c in range(max(self.low, self.pad), n + 1):
+            if self.kv[c] != self.token(c):
+                return c
+        return n + 1
+
+    def usable(self, c: int, n: int) -> list[int] | None:
+        draws = self.draws.get(c)
+        return draws if draws is not None and self.served_upto(min(c - 1, n)) >= c else None
+
+
+@dataclass(frozen=True)
+class _Block:
+    """The query block of one call, relative to column n (the same for every row)."""
+
+    region: int  # R: NTP queries at columns n-R+1 .. n
+    lags: tuple[int, ...]  # one PTP chain per lag, after the region
+    keep_top: bool  # logits at column n (NTP for x_{n+1})
+    keep_prev: bool  # logits at column n - 1 (NTP re-proposal of x_n)
+
+    def rows(self) -> list[tuple[int, int, int, int, int]]:
+        """Per query: (source column, write column, last visible sequence column, first column of its
+        chain, offset row), all minus n."""
+        out = [(q - self.region + 1,) * 4 + (0,) for q in range(self.region)]
+        for lag in self.lags:
+            first = len(out) - self.region + 1
+            for m in range(lag):  # x_{j+1+m}, j = n - lag, in the next scratch column
+                out.append((m - lag + 1, first + m, -lag - 1, first, m + 1))
+        return out
+
+    def keep(self) -> list[int]:
+        """Query indices whose logits are needed, in slot order: top, prev, then each chain's last."""
+        keep = ([self.region - 1] if self.keep_top else []) + ([self.region - 2] if self.keep_prev else [])
+        start = self.region
+        for lag in self.lags:
+            start += lag
+            keep.append(start - 1)
+        return keep
+
+
+class _Pattern:
+    """Device tensors of one block pattern (cached: a decode uses a handful)."""
+
+    def __init__(self, block: _Block, device: torch.device):
+        table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
+        self.rel = block.rows()
+        self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
+        self.offsets = offsets if block.lags else None
+        keep = block.keep()
+        q = table.shape[0]
+        self.keep: int | torch.Tensor = len(keep) if keep == list(range(q - len(keep), q)) else \
+            torch.tensor(keep, dtype=torch.long, device=device)
+        self.scratch = q - block.region
+
+
+class _Decoder:
+    """One ``generate`` call: the rows' programs, the device state, the model queries."""
+
+    def __init__(self, model, config: SamplingConfig, input_ids: torch.Tensor, attention_mask, tokenizer, streamer,
+                 seeds: list[int] | None, compile: bool | str):
+        self.start = time.perf_counter()
+        config.validate()
+        check_model(model, config)
+        self.config, self.input_ids = config, input_ids
+        self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
+        check_streamer(streamer, len(prompts.rows))
+        k = rpt_iterations(model, config)
+        self.plan = Plan(k=k, w=config.rpt_window, max_new=effective_max_new_tokens(model, prompts, config),
+                         deterministic=config.deterministic,
+                         stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
+        self.device = device = input_ids.device
+        self.W = W = prompts.width
+        self.last = W + self.plan.max_new - 1  # last column to generate
+        self.pad_id = pad_token_id(model, config)
+        self.seeds = randomness.row_seeds(config.seed, len(prompts.rows), seeds)
+        self.seqs = self._layout(prompts)  # the rows' current tokens: the processors' contexts
+        self.pads = torch.tensor(prompts.pads, device=device)
+        self.start_cols = self.pads if max(prompts.pads) > 0 else None
+        healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes, W) if any(prompts.prefixes) else None
+        self.proposer = Proposer(config, W, torch.tensor(self.seeds, device=device),
+                                 pad_length=self.pads if self.start_cols is not None else None, healing=healing)
+        # after a sweep that changes nothing, x_n is redrawn from logits already known: feed that draw
+        # at column n already, so the call that computes the sweep also gives the next position's NTP
+        self.speculate = not config.greedy
+        scratch = config.rpt_window * (config.rpt_window - 1) // 2 if k else 0
+        capacity = self.last + 2 + scratch + (8 if compile else 0)
+        self.queries = ModelQueries(model, capacity, compile=bool(compile), compile_max_queries=8,
+                                    compile_backend=compile if isinstance(compile, str) else "inductor")
+        self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
+        self._patterns: dict[_Block, _Pattern] = {}
+        self.writes: list[tuple[int, int, int]] = []
+
+    def _layout(self, prompts: Prompts) -> torch.Tensor:
+        seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
+        for b, p in enumerate(prompts.rows):
+            seqs[b, prompts.width - len(p): prompts.width] = torch.tensor(p, dtype=torch.long)
+        return seqs.to(self.device)
+
+    def _slot(self, b: int, streamer) -> _Slot:
+        p = self.prompts
+        row = Row(p.rows[b], p.prefixes[b], p.vocab, streamer, stream_lag=self.plan.w - 1 if self.plan.k else 0)
+        slot = _Slot(b, row, decode_row(row, self.plan), p.pads[b], self.pad_id, [None] * (self.last + 2),
+                     low=p.pads[b])
+        slot.requests = next(slot.program)
+        row.take_dirty()  # the prompt is in the layout already
+        return slot
+
+    # ---- answering from what is known --------------------------------------------------------------
+    def _state(self, s: _Slot, n: int) -> str:
+        """WAIT (for column n + 1), READY (answerable now) or BLOCKED (needs a model call)."""
+        first = s.requests[0]
+        if isinstance(first, NTPRequest):
+            c = first.t + s.pad
+            if c > n:
+                return WAIT
+            return READY if s.usable(c, n) is not None else BLOCKED
+        return BLOCKED
+
+    def _answer_known(self, s: _Slot, n: int) -> None:
+        """Resume the program while its requests are answerable without a model call."""
+        while s.requests is not None and self._state(s, n) == READY:
+            request = s.requests[0]
+            draws = s.usable(request.t + s.pad, n)
+            self._send(s, [draws[min(request.it, len(draws) - 1)]])
+
+    def _send(self, s: _Slot, answers: list) -> None:
+        try:
+            s.requests = s.program.send(answers)
+        except StopIteration:
+            s.requests = None
+        dirty = s.row.take_dirty()
+        if dirty is not None:  # the row rewrote tokens: the processors' contexts must see them
+            self.writes += [(s.index, p + s.pad, s.row.tokens[p]) for p in range(dirty, len(s.row.tokens))]
+
+    # ---- one model call ----------------------------------------------------------------------------
+    def _needs(self, s: _Slot, n: int, chains: dict) -> tuple[int, bool]:
+        """The first column row s needs fed, and whether it needs the logits at n - 1."""
+        first, state = s.served_upto(n), self._state(s, n)
+        if state == WAIT:
+            return (first if s.usable(n + 1, n) is not None else min(first, n)), False
+        if isinstance(s.requests[0], NTPRequest):  # the re-proposal of x_n over a changed prefix
+            return min(first, n - 1), True
+        chains[s.index] = {r.lag: r for r in s.requests}
+        draws = s.usable(n, n) if self.speculate else None
+        guess = None if draws is None else draws[min(s.requests[0].it, len(draws) - 1)]
+        if guess is not None and guess != s.token(n):
+            s.feed[n] = guess  # x_n as it will be if this sweep changes nothing
+            return min(first, n), False
+        return first, False
+
+    def _plan(self, live: list[_Slot], n: int) -> tuple[_Block, dict[int, dict[int, Request]]]:
+        """The block every row's needs fit in, and each blocked row's PTP requests by lag."""
+        start, keep_prev, chains = n + 1, False, {}
+        for s in self.slots:
+            s.feed.clear()
+        for s in live:
+            first, prev = self._needs(s, n, chains)
+            start, keep_prev = min(start, first), keep_prev or prev
+        lags = tuple(sorted({lag for by_lag in chains.values() for lag in by_lag}))
+        region = n + 1 - start
+        return _Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
+
+    def _to_device(self, values: list) -> torch.Tensor:
+        """A host list as a device tensor; on CUDA through pinned memory, so the copy does not wait for
+        the GPU (a copy from pageable memory synchronises the stream)."""
+        t = torch.tensor(values, dtype=torch.long)
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
+
+    def _apply_writes(self) -> None:
+        if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
+            for b, c, token in self.writes:
+                self.seqs[b, c] = token
+        elif self.writes:
+            w = self._to_device(self.writes)
+            self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
+        self.writes.clear()
+
+    def _ids(self, pattern: _Pattern, n: int) -> torch.Tensor:
+        """``[batch, Q]`` tokens of the block: the region's (a row's guess at column n) and the chains'."""
+        rows = []
+        for s in self.slots:
+            rows.append([s.feed.get(n + src, s.token(n + src)) if w == src else s.token(n + src)
+                         for src, w, _, _, _ in pattern.rel])
+        return self._to_device(rows)
+
+    def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
+        src, write = pattern.src + n, pattern.write + n
+        if self.start_cols is None:  # no left padding: positions are columns
+            positions = src[None].expand(ids.shape[0], -1)
+        else:
+            positions = (src[None] - self.pads[:, None]).clamp_(min=0)
+        offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
+        vis = Visibility(pattern.limit + n, self.start_cols, pattern.since + n)
+        plain = block.region == 1 and not block.lags and self.start_cols is None  # x_n alone sees every column
+        return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
+                            keep=pattern.keep, plain=plain)
+
+    def _iterations(self, block: _Block, chains: dict) -> torch.Tensor | None:
+        """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
+        if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
+            return None
+        return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
+                                for lag in block.lags])
+
+    def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
+                 ) -> list[list[int]]:
+        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer."""
+        out, at = [], 0
+        position = n - self.pads  # each row's position of column n
+        if block.keep_top:  # over the tokens fed at column n (a row's guess, if it made one)
+            context = torch.cat([self.seqs[:, :n], ids[:, block.region - 1: block.region]], 1)
+            out.append(self.proposer.ntp(context, logits[:, at], position + 1))
+            at += 1
+        if block.keep_prev:
+            out.append(self.proposer.ntp(self.seqs[:, :n], logits[:, at], position))
+            at += 1
+        for i, lag in enumerate(block.lags):
+            it = None if its is None else its[i]
+            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, it, lag)
+            out += [tokens[:, None], accepted[:, None].long()]
+        return torch.cat(out, dim=1).tolist()
+
+    def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
+        """What the call fed for row s, and the NTP proposals it computed."""
+        changed = n + 1
+        for c in range(n - block.region + 1, n + 1):
+            fed = s.feed.get(c, s.token(c))
+            if s.kv[c] != fed:
+                changed, s.kv[c] = min(changed, c), fed
+        for c in [c for c in s.draws if c > changed]:  # computed over KV that was just replaced
+            del s.draws[c]
+        if block.region > 0:
+            s.low = max(s.low, n - self.plan.w)  # the cache now serves the row through n: no older column changes
+        d, at = self.proposer.ntp_draws, 0
+        if block.keep_top:
+            s.draws[n + 1], at = vals[:d], d
+        if block.keep_prev:
+            s.draws[n] = vals[at: at + d]
+
+    def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, chains: dict, n: int) -> None:
+        at = self.proposer.ntp_draws * (block.keep_top + block.keep_prev)
+        for s in live:
+            self._record(s, vals[s.index], block, n)
+            if s.index in chains:
+                v = vals[s.index]
+                answers = {lag: (v[at + 2 * i], bool(v[at + 2 * i + 1])) for i, lag in enumerate(block.lags)}
+                self._send(s, [answers[r.lag] for r in s.requests])
+
+    def _round(self, live: list[_Slot], n: int) -> None:
+        block, chains = self._plan(live, n)
+        pattern = self._patterns.get(block)
+        if pattern is None:
+            pattern = self._patterns[block] = _Pattern(block, self.device)
+        self._apply_writes()  # host-to-device copies first, while the device is idle
+        ids, its = self._ids(pattern, n), self._iterations(block, chains)
+        logits = self._call(block, ids, pattern, n)
+        vals = self._propose(logits, ids, block, its, n)
+        self._deliver(live, vals, block, chains, n)
+
+    # ---- the decode loop ---------------------------------------------------------------------------
+    def run(self) -> GenerateOutput:
+        n = self.W - 1  # the column being settled (the prompts' last, to start: the prefill)
+        live = list(self.slots)
+        while live:
+            for s in live:
+                self._answer_known(s, n)
+            live = [s for s in live if s.requests is not None]
+            if not live:
+                break
+            if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
+                self._round(live, n)
+            else:
+                n += 1  # every live row has settled column n and knows its proposal for n + 1
+        rows = [s.row for s in self.slots]
+        stats = {"forward_passes": self.queries.calls, "corrections": sum(r.corrections for r in rows)}
+        return assemble(self.input_ids, self.prompts, [r.generated for r in rows], [r.reason for r in rows],
+                        self.pad_id, stats, self.start, healed=self.config.token_healing, seeds=self.seeds)
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_mask: torch.Tensor | None = None,
+             *, tokenizer=None, streamer=None, row_seeds: list[int] | None = None,
+             compile: bool | str = False) -> GenerateOutput:
+    """Sample continuations of ``input_ids`` (``[batch, T]``, left-padded with ``attention_mask``) with RPT.
+
+    Args:
+        model: an :class:`~rpt.model.RPTForCausalLM` (any HF causal LM when ``rpt_iters == 0``), in
+            eval mode, with full-attention layers (sdpa or eager; flex / flash attention models run
+            these calls with sdpa).
+        input_ids, attention_mask: the prompts; rows of different lengths are left-padded.
+        config: every knob (``rpt_iters = 0`` is plain NTP sampling).
+        tokenizer: needed for stop strings and token healing.
+        streamer: for a single prompt, an object with ``put(ids)`` / ``end()`` (Hugging Face
+            streamer protocol; the first ``put`` is the prompt) that receives each generated token
+            once RPT can no longer change it.
+        row_seeds: one seed per row keying its random draws (default ``config.seed + b``); the
+            same seed gives a row the same tokens in any batch and in :func:`generate_reference`.
+        compile: compile the model step with ``torch.compile`` (fixed shapes: the query block is
+            padded to a bucket size, the whole cache attended); a string names the backend.
+
+    Returns:
+        :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
+    """
+    checks = getattr(model, "check_offsets", None)
+    if checks is not None:
+        model.check_offsets = False  # the offsets are built here; its range check would sync every call
+    try:
+        with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
+            out = _Decoder(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds, compile).run()
+        out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
+        return out
+    finally:
+        if checks is not None:
+            model.check_offsets = checks

@@ -1,0 +1,112 @@
+"""The inputs of a decode, checked: the model against the config, the prompts, the length budget."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from rpt.model import RPTForCausalLM
+from rpt.sampling.config import SamplingConfig
+from rpt.sampling.healing import TokenVocabulary, heal_prompt
+
+
+@dataclass
+class Prompts:
+    rows: list[list[int]]  # real prompt tokens per row (after healing)
+    prefixes: list[bytes]  # bytes healing removed, per row (b"" when none)
+    vocab: TokenVocabulary | None
+    pads: list[int]  # left padding per row in the original layout
+    width: int  # padded prompt width
+
+
+def check_model(model, config: SamplingConfig) -> None:
+    """An RPT model (or any causal LM for plain NTP) whose trained window covers ``rpt_window``."""
+    if not isinstance(model, RPTForCausalLM):
+        if config.rpt_iters > 0:
+            raise ValueError(
+                f"rpt_iters={config.rpt_iters} needs an RPTForCausalLM (a model trained with RPT); "
+                f"got {type(model).__name__}. Use rpt_iters=0 for plain next-token sampling"
+            )
+        return
+    if config.rpt_iters > 0 and config.rpt_window > model.window:
+        raise ValueError(
+            f"rpt_window={config.rpt_window} is larger than the window {model.window} the model was trained with; "
+            f"use rpt_window <= {model.window}"
+        )
+
+
+def rpt_iterations(model, config: SamplingConfig) -> int:
+    """``k`` for this model: the config's, or 0 for a plain causal LM (NTP only)."""
+    return config.rpt_iters if isinstance(model, RPTForCausalLM) else 0
+
+
+def _split_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[int]]:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+        raise ValueError("input_ids must be an integer tensor [batch, length]")
+    batch, width = input_ids.shape
+    if batch == 0 or width == 0:
+        raise ValueError(f"input_ids {tuple(input_ids.shape)} is empty; give at least one prompt token per row")
+    if attention_mask is None:
+        mask = torch.ones_like(input_ids, dtype=torch.bool)
+    else:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+        mask = attention_mask.bool()
+    mask_h, ids_h = mask.cpu(), input_ids.cpu()
+    pads = (~mask_h).sum(1).tolist()
+    rows = []
+    for b in range(batch):
+        if pads[b] == width:
+            raise ValueError(f"prompt {b} is empty (attention_mask all zeros)")
+        if not bool(mask_h[b, pads[b]:].all()):
+            raise ValueError("prompts must be left-padded: attention_mask must be 0...0 1...1 in every row")
+        rows.append(ids_h[b, pads[b]:].tolist())
+    return rows, pads
+
+
+def prepare_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: SamplingConfig,
+                    tokenizer=None) -> Prompts:
+    """Split a left-padded batch into per-row prompts and apply token healing if configured."""
+    rows, pads = _split_rows(input_ids, attention_mask)
+    width = input_ids.shape[1]
+    prefixes, vocab = [b""] * len(rows), None
+    if config.token_healing:
+        if tokenizer is None:
+            raise ValueError("token_healing needs the tokenizer; pass tokenizer=...")
+        vocab = TokenVocabulary.from_tokenizer(tokenizer)
+        healed = [heal_prompt(vocab, r) for r in rows]
+        rows, prefixes = [h.input_ids for h in healed], [h.prefix for h in healed]
+        width = max(len(r) for r in rows)
+        pads = [width - len(r) for r in rows]
+    return Prompts(rows, prefixes, vocab, pads, width)
+
+
+def context_limit(model) -> int | None:
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def effective_max_new_tokens(model, prompts: Prompts, config: SamplingConfig) -> int:
+    """``max_new_tokens``, shortened (with a warning) so no row runs past the model's context."""
+    limit = context_limit(model)
+    longest = max(len(r) for r in prompts.rows)
+    if limit is None:
+        return config.max_new_tokens
+    if longest >= limit:
+        raise ValueError(
+            f"a prompt has {longest} tokens but the model's context is {limit} (max_position_embeddings); "
+            "shorten the prompt"
+        )
+    if longest + config.max_new_tokens > limit:
+        warnings.warn(f"max_new_tokens={config.max_new_tokens} would run past the model's context of {limit} "
+                      f"tokens; generating at most {limit - longest}", stacklevel=4)
+        return limit - longest
+    return config.max_new_tokens
+
+
+def pad_token_id(model, config: SamplingConfig) -> int:
+    pad = getattr(model.config, "pad_token_id", None)
+    if pad is None:
+        pad = config.eos_token_ids[0] if config.eos_token_ids else 0
+    return int(pad)

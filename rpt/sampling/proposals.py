@@ -1,0 +1,77 @@
+r"""The proposal rules of both decoders, for logits ``z`` of a query and the processors of its position.
+
+* NTP proposes ``x_t`` from ``warpers(penalties(z))``: the argmax when ``temperature == 0``, else a
+  draw;
+* PTP proposes ``x_j`` from ``q = penalties_j(z)`` (the penalties NTP had at position j, i.e. computed
+  on ``x_{<j}``, when ``penalize_ptp``; none otherwise): the argmax of ``q`` with ``ptp_greedy`` (or
+  greedy NTP), else a draw from ``warpers(q)``. It is accepted iff ``softmax(q)[proposal] >
+  confidence`` (temperature 1, before truncation).
+
+Draws are inverse-CDF draws at position-keyed uniforms (:mod:`rpt.sampling.randomness`): the
+caller names each draw's key, so the same key and the same logits give the same token in any
+decoder, batch or order.
+
+Token healing is a hard constraint, not a penalty: it applies to PTP proposals whatever
+``penalize_ptp`` says, and the tokens generated while it is active are never revisited (so a
+correction can never break the re-spelled prompt text).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from rpt.sampling.config import SamplingConfig
+from rpt.sampling.processors import build_logits_processors, penalty_processors, warper_processors
+from rpt.sampling.randomness import NTP, inverse_cdf, uniforms
+
+
+def _probs(scores: torch.Tensor) -> torch.Tensor:
+    # half-precision logits are softmaxed in float32; float32 / float64 stay as they are
+    return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+
+
+class Proposer:
+    """The NTP and PTP proposal rules of the module docstring, batched over rows.
+
+    Args:
+        config: the sampling knobs.
+        prompt_length, pad_length: column conventions of the processors
+            (:mod:`rpt.sampling.processors`) for the contexts the caller passes.
+        healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, or None.
+        seeds: ``[batch]`` row seeds (int64, on the logits' device).
+    """
+
+    def __init__(self, config: SamplingConfig, prompt_length, seeds: torch.Tensor, pad_length=None,
+                 healing: LogitsProcessor | None = None):
+        self.config, self.seeds = config, seeds
+        self.ntp_procs = build_logits_processors(config, prompt_length, pad_length=pad_length, healing=healing)
+        penalties = penalty_processors(config, prompt_length, pad_length=pad_length) if config.penalize_ptp else []
+        self.ptp_procs = LogitsProcessorList(([healing] if healing is not None else []) + list(penalties))
+        self.warpers = warper_processors(config)
+        self.ptp_samples_greedy = config.ptp_greedy or config.greedy
+        # draws per NTP query: one per RPT iteration (k + 1 keys), all from the same logits
+        self.ntp_draws = 1 if config.greedy else config.rpt_iters + 1
+
+    def ntp(self, context: torch.Tensor, logits: torch.Tensor, position) -> torch.Tensor:
+        """``[B, ntp_draws]``: proposals for the token at ``position`` (``[B]`` or int, each row's own
+        position) after ``context`` ``[B, T]`` from its logits ``[B, V]``; column i is the draw of
+        RPT iteration i (all equal when greedy). May overwrite ``logits``."""
+        scores = self.ntp_procs(context, logits) if self.ntp_procs else logits
+        if self.config.greedy:
+            return scores.argmax(-1, keepdim=True)
+        u = uniforms(self.seeds, position, 0, NTP, draws=self.ntp_draws)
+        return inverse_cdf(_probs(scores), u)
+
+    def ptp(self, context: torch.Tensor, logits: torch.Tensor, position, iteration, lag: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, accepted)``, each ``[B]``: proposals for ``x_j`` with ``context = x_{<j}``, drawn for
+        window position ``position`` (t), ``iteration`` and ``lag = t - j``. May overwrite ``logits``."""
+        scores = self.ptp_procs(context, logits) if self.ptp_procs else logits
+        probs = _probs(scores)
+        if self.ptp_samples_greedy:  # the argmax and its probability in one reduction
+            top, tokens = probs.max(-1)
+            return tokens, top > self.config.confidence
+        warped = self.warpers(context, scores) if self.warpers else scores
+        tokens = inverse_cdf(_probs(warped), uniforms(self.seeds, position, iteration, lag))[:, 0]
+        return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence

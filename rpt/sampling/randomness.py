@@ -1,0 +1,80 @@
+r"""Randomness keyed by position: every draw a pure function of (row seed, position, iteration, kind).
+
+A sampled token is the inverse CDF of its distribution at one uniform ``u``, and ``u`` is a
+counter-based hash of the draw's key, not the next number of a stream. So a draw does not depend
+on the order in which a decoder makes its draws, on how many it makes, or on the other rows of
+the batch: the cached decoder and the uncached reference emit the same tokens, and row b of a
+batch emits what it emits alone with the same row seed.
+
+Keys: ``position`` is the 0-based index of the token in its own row (prompt tokens first, no
+padding), ``iteration`` is the RPT iteration (0 = the first NTP proposal of ``x_t``, i = the
+re-proposal after sweep i, and the PTP proposals of sweep i), ``kind`` is :data:`NTP` or the
+PTP lag ``l = t - j`` of the window position being resampled.
+
+The hash works on int64 tensors holding 32-bit values and multiplies only by constants below
+2^31, so no product overflows; it runs on any device and inside ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NTP = 0  # kind of an NTP draw; a PTP draw of lag l has kind l
+_MASK32 = 0xFFFFFFFF
+_MULT = 0x45D9F3B  # odd, < 2^31: x * _MULT < 2^63 for x < 2^32
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche (xor-shift-multiply, three rounds) on int64 tensors in ``[0, 2^32)``."""
+    for _ in range(3):
+        x = x ^ (x >> 16)
+        x = (x * _MULT) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _absorb(h: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Fold a 64-bit value into the running hash, 31 bits at a time."""
+    for shift in (0, 31, 62):
+        h = _mix(h ^ ((value >> shift) & 0x7FFFFFFF) ^ (shift << 24))
+    return h
+
+
+def uniforms(seeds: torch.Tensor, position, iteration, kind, draws: int = 1) -> torch.Tensor:
+    """``[batch, draws]`` float64 uniforms in (0, 1): draw d of row b has the key
+    ``(seeds[b], position[b], iteration[b] + d, kind[b])``.
+
+    ``position``, ``iteration`` and ``kind`` are ints or ``[batch]`` integer tensors.
+    """
+    device = seeds.device
+
+    def column(x) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            return x.to(device=device, dtype=torch.long).reshape(-1, 1)
+        return torch.full((seeds.shape[0], 1), int(x), dtype=torch.long, device=device)  # a fill, no copy
+
+    its = column(iteration) + torch.arange(draws, device=device)
+    h = torch.full_like(its, 0x2545F491)
+    for part in (column(seeds), column(position), its, column(kind)):
+        h = _absorb(h, part.expand_as(its))
+    return (h.double() + 0.5) / 4294967296.0
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Tokens ``[batch, draws]`` with ``P(token = v) = probs[b, v]`` (unnormalised is fine) at uniforms
+    ``u [batch, draws]``: the first v whose cumulative mass exceeds ``u`` times the total. A token
+    of probability 0 is never drawn (its cumulative mass equals its predecessor's)."""
+    cdf = probs.double().cumsum(-1)
+    target = u * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
+def row_seeds(seed: int | None, batch: int, given=None) -> list[int]:
+    """Per-row seeds: ``given`` (one per row), else ``seed + b``, else ``base + b`` with a base drawn
+    from torch's global generator (so ``torch.manual_seed`` makes an unseeded run repeatable)."""
+    if given is not None:
+        seeds = [int(s) for s in given]
+        if len(seeds) != batch:
+            raise ValueError(f"row_seeds has {len(seeds)} seeds for a batch of {batch} prompts; give one per row")
+        return seeds
+    base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+    return [base + b for b in range(batch)]
