@@ -89,18 +89,48 @@ def flops_per_token(model, seq_len: int) -> float:
     return 6.0 * matmul_parameters(model) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
 
 
+def _proc_status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def reset_cpu_peak() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) to the current RSS; False where unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_memory_mb(device) -> float:
-    """CUDA: the most memory allocated since the previous call (then reset). CPU: the process's
-    peak resident set so far (the kernel does not reset it)."""
+    """The most memory in use since the previous call, which resets it. CUDA: bytes allocated
+    by tensors on ``device``. CPU: the process's peak resident set (Linux VmHWM, reset through
+    ``/proc/self/clear_refs``; elsewhere the never-reset ``ru_maxrss``)."""
     import torch
 
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         return peak / 2**20
+    hwm = _proc_status_mb("VmHWM")
+    if hwm is not None and reset_cpu_peak():
+        return hwm
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def current_memory_mb() -> float | None:
+    """The process's resident set now (Linux), for measuring what a piece of work adds."""
+    return _proc_status_mb("VmRSS")
 
 
 class Throughput:

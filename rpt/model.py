@@ -25,7 +25,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, cached_file
 
-from rpt.loss import chunk_tokens, chunked_cross_entropy
+from rpt.loss import chunk_tokens, linear_cross_entropy
 from rpt.objective import IGNORE_INDEX
 
 RPT_CONFIG_NAME = "rpt_config.json"
@@ -229,8 +229,12 @@ class RPTForCausalLM(nn.Module):
         # tokens at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
         out = self.lm.base_model(**model_inputs)
         hidden = out.last_hidden_state
-        chunk = chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes)
-        per_token = chunked_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.head_logits, labels.reshape(-1), chunk)
+        head = self.lm.get_output_embeddings()
+        scale, softcap = self.logit_transform()
+        per_token = linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight, getattr(head, "bias", None), labels.reshape(-1),
+            chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
+        )
         loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
         return RPTOutput(
             loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts,
@@ -238,17 +242,14 @@ class RPTForCausalLM(nn.Module):
             hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
         )
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The base model's logits from its final hidden states: the output embedding plus the
-        logit transforms HF causal LMs apply after it (Gemma 2/3 soft-capping, Cohere's
-        ``logit_scale``, Granite's ``logits_scaling``)."""
-        logits = self.lm.get_output_embeddings()(hidden)
+    def logit_transform(self) -> tuple[float | None, float | None]:
+        """``(scale, softcap)`` the base model applies after its output embedding: Cohere's
+        ``logit_scale``, Granite's ``1 / logits_scaling``, Gemma 2/3's ``final_logit_softcapping``."""
         config = self.lm.config
+        scale = None
         if getattr(config, "model_type", "").startswith("cohere") and getattr(config, "logit_scale", None):
-            logits = logits * config.logit_scale
+            scale = float(config.logit_scale)
         if getattr(config, "logits_scaling", None):
-            logits = logits / config.logits_scaling
+            scale = 1.0 / float(config.logits_scaling)
         cap = getattr(config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return scale, float(cap) if cap else None

@@ -171,6 +171,14 @@ def eval_batches(cfg: TrainConfig, rows: torch.Tensor, index: int) -> list[RPTBa
     return batches
 
 
+def eval_assignment(n_batches: int, world: int, rank: int) -> list[int | None]:
+    """The validation batches of ``rank``: ``b = k * world + rank``, padded with None so that
+    every rank runs the same number of forwards -- DDP and ZeRO-3 need every rank in every
+    forward, and a rank that skipped one would leave the others waiting forever."""
+    per_rank = math.ceil(n_batches / world)
+    return [b if b < n_batches else None for b in (k * world + rank for k in range(per_rank))]
+
+
 @torch.no_grad()
 def evaluate(model, cfg: TrainConfig, val, accelerator) -> dict[str, float]:
     """Validation losses over the first ``eval_batches`` micro-batches of the validation set."""
@@ -178,14 +186,10 @@ def evaluate(model, cfg: TrainConfig, val, accelerator) -> dict[str, float]:
     world, rank = accelerator.num_processes, accelerator.process_index
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     mbs = cfg.micro_batch_size
-    n_batches = min(cfg.eval_batches, math.ceil(len(val) / mbs))
-    for k in range(math.ceil(n_batches / world)):
-        b = k * world + rank
-        rows = val.sequential(mbs, start=(b if b < n_batches else 0) * mbs)
-        for batch in eval_batches(cfg, rows, b):
-            if b >= n_batches:
-                # No batch left for this rank: it still runs the forward, with every label masked
-                # (adds nothing), because DDP and ZeRO-3 need every rank in every forward.
+    for b in eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / mbs)), world, rank):
+        rows = val.sequential(mbs, start=(b or 0) * mbs)
+        for batch in eval_batches(cfg, rows, b or 0):
+            if b is None:  # padding: every label masked, so the forward adds nothing
                 batch.labels.fill_(IGNORE_INDEX)
             meter.add(forward(model, batch.to(accelerator.device)))
     model.train()
@@ -221,8 +225,15 @@ def replica_report(accelerator, model) -> dict[str, Any]:
     return report
 
 
-def configure_deepspeed(accelerator, cfg: TrainConfig) -> None:
+def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) -> None:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and int(plugin.zero_stage) == 3:
+        import deepspeed
+
+        # The loss reads the output head's weight outside the head's forward (rpt.loss): ZeRO-3
+        # must gather it for the whole model's forward and backward.
+        for p in model.lm.get_output_embeddings().parameters():
+            deepspeed.zero.register_external_parameter(model, p)
     if plugin is not None:
         # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
@@ -316,7 +327,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     model.train()
     speed = Throughput(flops_per_token(model, cfg.seq_len), None)
     optimizer = build_optimizer(model, cfg)
-    configure_deepspeed(accelerator, cfg)
+    configure_deepspeed(accelerator, cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
     # step it once per process); checkpointed through register_for_checkpointing.

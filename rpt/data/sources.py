@@ -140,8 +140,9 @@ def _local_files(source: dict) -> tuple[str, list[str]]:
     return kinds.pop(), files
 
 
-def jsonl_shards(files: list[str], shard_bytes: int = SHARD_BYTES) -> list[tuple[str, int, int]]:
+def jsonl_shards(files: list[str], shard_bytes: int | None = None) -> list[tuple[str, int, int]]:
     """``(file, start, end)`` byte ranges; a range owns the lines that *start* inside it."""
+    shard_bytes = shard_bytes or SHARD_BYTES
     shards = []
     for path in files:
         size = os.path.getsize(path)
