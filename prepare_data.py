@@ -38,10 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --num-proc {args.num_proc} must be >= 1", file=sys.stderr)
         return 2
 
-    from rpt.data import prepare_store, split_sources
+    from rpt.data import build_tokenizer, prepare_store, split_sources
     from rpt.data.sources import is_streaming, is_token_store
     from rpt.data.token_store import TokenStore
-    from rpt.training import build_tokenizer
 
     splits = ["train", "validation"] if args.split == "both" else [args.split]
     if args.split == "both" and cfg.eval_batches == 0:

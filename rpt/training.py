@@ -31,7 +31,7 @@ from rpt.checkpointing import (
     write_json_atomic,
 )
 from rpt.config import TrainConfig
-from rpt.data import build_packed, load_or_train_tokenizer
+from rpt.data import build_packed, build_tokenizer
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
@@ -41,13 +41,6 @@ PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 # ---- pieces ------------------------------------------------------------------------------------
-def build_tokenizer(cfg: TrainConfig):
-    return load_or_train_tokenizer(
-        cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
-        fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None),
-    )
-
-
 def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -10,7 +10,7 @@
 * :mod:`rpt.data.build`       config -> the run's training and validation data
 """
 
-from rpt.data.build import build_packed, default_store_path, prepare_store, split_sources
+from rpt.data.build import build_packed, build_tokenizer, default_store_path, prepare_store, split_sources
 from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.sources import stdlib_files, stdlib_texts
@@ -18,7 +18,8 @@ from rpt.data.token_store import TokenStore, write_token_store
 from rpt.data.tokenizer import EOS_TOKEN, load_or_train_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
 
 __all__ = [
-    "EOS_TOKEN", "DataError", "PackedStore", "StoreBatches", "TokenStore", "build_packed", "default_store_path",
+    "EOS_TOKEN", "DataError", "PackedStore", "StoreBatches", "TokenStore", "build_packed", "build_tokenizer",
+    "default_store_path",
     "load_or_train_tokenizer", "prepare_store", "split_sources", "stdlib_files", "stdlib_texts",
     "tokenizer_fingerprint", "train_bpe_tokenizer", "write_token_store",
 ]

@@ -19,7 +19,7 @@ from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store, texts
 from rpt.data.token_store import INDEX, TokenStore, write_token_store
-from rpt.data.tokenizer import tokenizer_fingerprint
+from rpt.data.tokenizer import load_or_train_tokenizer, tokenizer_fingerprint
 
 SPLITS = ("train", "validation")
 
@@ -63,6 +63,20 @@ def _store_dir(sources: Any, split: str, holdout: str | None) -> str:
         return sub
     raise DataError(f"{root} is not a token store (no {INDEX} in it or in {split}/); "
                     "write one with `python prepare_data.py --config X.yaml --out DIR`")
+
+
+def build_tokenizer(cfg):
+    """The run's tokenizer: ``cfg.tokenizer`` (an id/path, or trained on the training text), the
+    model's, or -- training from a token store without a named one -- the store's own."""
+    sources, holdout = split_sources(cfg, "train")
+    if is_token_store(sources) and not isinstance(cfg.tokenizer, str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.path.join(_store_dir(sources, "train", holdout), "tokenizer"))
+    return load_or_train_tokenizer(
+        cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
+        fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None), holdout=holdout,
+    )
 
 
 def prepare_store(cfg, split: str, tokenizer, path: str | None = None, *, num_proc: int | None = None,

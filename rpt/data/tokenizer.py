@@ -32,11 +32,12 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
-def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: int, cache_dir: str | None, fallback: str | None):
+def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: int, cache_dir: str | None,
+                            fallback: str | None, holdout: str | None = "train"):
     """``spec``: an id/path, ``{"train_bpe": {"vocab_size": N}}``, or None (= ``fallback``, the model's).
 
-    A trained tokenizer sees only the training side of the held-out split and is cached under
-    ``cache_dir`` by its sources and size.
+    A trained tokenizer sees only the ``holdout`` side of the held-out split (None: all of
+    ``sources``, when validation data is given separately) and is cached under ``cache_dir``.
     """
     from transformers import AutoTokenizer
 
@@ -47,10 +48,10 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
             raise DataError("tokenizer {train_bpe: ...} needs text data, but data is a token store; "
                             "set tokenizer to the store's tokenizer (see its index.json)")
         vocab_size = int((spec["train_bpe"] or {}).get("vocab_size", 4096))
-        key = hashlib.md5(json.dumps(["v2", sources, val_fraction, seed, vocab_size], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size], sort_keys=True, default=str).encode()).hexdigest()[:16]
         path = os.path.join(cache_dir or "runs/cache", f"tokenizer-{key}")
         if not os.path.isdir(path):
-            tok = train_bpe_tokenizer(texts(sources, "train", val_fraction, seed), vocab_size)
+            tok = train_bpe_tokenizer(texts(sources, holdout, val_fraction, seed), vocab_size)
             tmp = f"{path}.{os.getpid()}.tmp"
             tok.save_pretrained(tmp)
             try:
