@@ -44,8 +44,8 @@ class MetricsLog:
 
 
 # ---- what a researcher watches: throughput, MFU, memory ------------------------------------------
-# Dense peak TFLOP/s per device (NVIDIA / AMD data sheets): (name fragment, bf16/fp16 tensor, fp32).
-# More specific names first ("H100 PCIe" before "H100", "A100" before "A10").
+# Dense peak TFLOP/s per device (NVIDIA / AMD data sheets): (name words, bf16/fp16 tensor, fp32).
+# More specific names first ("H100 PCIe" before "H100"); others: set peak_tflops in the config.
 PEAK_TFLOPS = [
     ("GH200", 989.0, 67.0), ("H200", 989.0, 67.0), ("H100 PCIe", 756.0, 51.0), ("H100 NVL", 835.0, 60.0),
     ("H100", 989.0, 67.0), ("B200", 2250.0, 80.0), ("A100", 312.0, 19.5), ("A10", 125.0, 31.2),
@@ -61,9 +61,11 @@ def device_peak_flops(device, precision: str, override_tflops: float | None = No
 
     if device.type != "cuda":
         return None
+    import re
+
     name = torch.cuda.get_device_name(device)
     for fragment, half, full in PEAK_TFLOPS:
-        if fragment in name:
+        if re.search(rf"\b{re.escape(fragment)}\b", name):  # whole words: "A10" is not "A10G"
             return (full if precision == "fp32" else half) * 1e12
     return None
 
