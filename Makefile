@@ -37,7 +37,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/rpt_decode.py
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check rpt tests benchmarks eval train.py sample.py
+	$(PY) -m ruff check rpt tests benchmarks eval *.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -71,17 +71,21 @@ def test_uint32_when_the_vocabulary_does_not_fit_uint16(tmp_path):
     assert store.read(0, store.num_tokens).tolist() == [1, 65535, 65536, 69999, 69998, 69999]
 
 
+def _dies_after_one(text):
+    yield {"text": text}
+    raise RuntimeError("source died")
+
+
 def test_max_tokens_and_atomic_failure(tmp_path, tokenizer, docs):
     index = write_token_store(str(tmp_path / "cut"), iter(docs), tokenizer, max_tokens=1000, progress=False)
     assert index["num_tokens"] == 1000
     assert np.array_equal(TokenStore(str(tmp_path / "cut")).read(0, 1000), reference_tokens(tokenizer, docs)[:1000])
 
-    def broken():
-        yield docs[0]
-        raise RuntimeError("source died")
+    import datasets
 
+    broken = datasets.IterableDataset.from_generator(_dies_after_one, gen_kwargs={"text": docs[0]})
     with pytest.raises(RuntimeError, match="source died"):
-        write_token_store(str(tmp_path / "broken"), broken(), tokenizer, progress=False)
+        write_token_store(str(tmp_path / "broken"), broken, tokenizer, progress=False)
     assert sorted(os.listdir(tmp_path)) == ["cut"]  # nothing half-written left behind
     with pytest.raises(DataError, match="no tokens"):
         write_token_store(str(tmp_path / "empty"), iter([]), tokenizer, progress=False)

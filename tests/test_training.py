@@ -196,3 +196,14 @@ def test_flops_per_token_and_device_peaks(monkeypatch):
 def test_bad_data_config_names_the_key(tmp_path, bad, match):
     with pytest.raises(ConfigError, match=match):
         load_config(write_config(tmp_path, **bad))
+
+
+def test_recipe_validates_on_documents_training_never_sees():
+    from rpt.data import split_sources
+
+    cfg = load_config(os.path.join(ROOT, "configs/llama3_8b_rpt.yaml"))
+    assert cfg.val_data is None and 0 < cfg.val_fraction <= 0.01
+    # both splits read the same streams, on opposite sides of the text-hash split
+    assert split_sources(cfg, "train") == (cfg.data, "train")
+    assert split_sources(cfg, "validation") == (cfg.data, "validation")
+    assert all(s["streaming"] for s in cfg.data)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
-from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store, texts
+from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
 from rpt.data.token_store import INDEX, TokenStore, write_token_store
 from rpt.data.tokenizer import load_or_train_tokenizer, tokenizer_fingerprint
 
@@ -96,7 +96,7 @@ def prepare_store(cfg, split: str, tokenizer, path: str | None = None, *, num_pr
     meta = {"source": describe(sources), "split": split, "holdout": holdout,
             "val_fraction": cfg.val_fraction if holdout else None, "max_tokens": max_tokens}
     index = write_token_store(
-        path, texts(sources, holdout, cfg.val_fraction, cfg.seed), tokenizer,
+        path, documents(sources, holdout, cfg.val_fraction, cfg.seed), tokenizer,
         num_proc=num_proc or cfg.tokenize_workers, max_tokens=max_tokens, meta=meta, progress=progress, desc=f"tokenizing {split}",
     )
     log(f"prepared {split}: {index['num_tokens']:,} tokens in {index['num_documents']:,} documents, "

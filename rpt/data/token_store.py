@@ -15,7 +15,8 @@ files; there is no per-document index, because training cuts the stream into fix
 pages it has read; nanoGPT recreates its ``np.memmap`` per batch for the same reason);
 :meth:`TokenStore.memmap` maps a shard for inspection.
 
-The writer tokenises in ``num_proc`` processes (ordered, so the store is the same for any
+The writer hands the document stream's shards to ``num_proc`` processes (as
+``datasets.map(num_proc=...)`` does; written in shard order, so the store is the same for any
 count), streams into the shard files with bounded memory, and renames a finished temporary
 directory into place: a store exists whole or not at all.
 """
@@ -39,7 +40,8 @@ INDEX = "index.json"
 FORMAT = "rpt-token-store"
 VERSION = 1
 SHARD_TOKENS = 1 << 28  # 512 MB of uint16 per file
-BATCH_DOCUMENTS = 256
+BATCH_DOCUMENTS = 64
+BATCH_CHARS = 1 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -111,38 +113,68 @@ class TokenStore:
 
 
 # ---- writing ------------------------------------------------------------------------------------
+def as_documents(docs):
+    """A ``datasets.IterableDataset`` with a ``text`` column (a list of strings is wrapped)."""
+    import datasets
+
+    if isinstance(docs, datasets.IterableDataset):
+        return docs
+    texts = list(docs)
+    if not texts:
+        return datasets.IterableDataset.from_generator(_no_documents)
+    return datasets.Dataset.from_dict({"text": texts}).to_iterable_dataset(num_shards=min(len(texts), 64))
+
+
+def _no_documents():
+    yield from ()
+
+
+def _shard_arrays(docs, index: int, backend, eos: int, dtype: np.dtype) -> Iterator[tuple[np.ndarray, int]]:
+    """Token arrays of shard ``index`` of ``docs``, a batch of documents at a time."""
+    shard = docs.shard(num_shards=docs.num_shards, index=index, contiguous=True) if docs.num_shards > 1 else docs
+    for batch in _batches((ex["text"] for ex in shard), BATCH_DOCUMENTS):
+        yield encode_documents(backend, batch, eos, dtype), len(batch)
+
+
 _WORKER: tuple | None = None
 
 
-def _worker_init(tokenizer_json: str, eos: int, dtype: str) -> None:
+def _worker_init(docs, tokenizer_json: str, eos: int, dtype: str) -> None:
     global _WORKER
     from tokenizers import Tokenizer
 
-    _WORKER = (Tokenizer.from_str(tokenizer_json), eos, np.dtype(dtype))
+    _WORKER = (docs, Tokenizer.from_str(tokenizer_json), eos, np.dtype(dtype))
 
 
-def _worker_encode(texts: list[str]) -> tuple[np.ndarray, int]:
-    backend, eos, dtype = _WORKER
-    return encode_documents(backend, texts, eos, dtype), len(texts)
+def _worker_shard(index: int) -> tuple[np.ndarray, int]:
+    docs, backend, eos, dtype = _WORKER
+    parts = list(_shard_arrays(docs, index, backend, eos, dtype))
+    return np.concatenate([a for a, _ in parts]) if parts else np.empty(0, dtype), sum(n for _, n in parts)
 
 
-def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
+def _batches(texts: Iterable[str], size: int, max_chars: int = BATCH_CHARS) -> Iterator[list[str]]:
+    """Runs of at most ``size`` documents and (past the first) ``max_chars`` characters: the
+    tokenizer's per-token bookkeeping for a batch is transient memory, so it stays bounded."""
     batch: list[str] = []
+    chars = 0
     for t in texts:
-        batch.append(t)
-        if len(batch) == size:
+        if batch and (len(batch) == size or chars + len(t) > max_chars):
             yield batch
-            batch = []
+            batch, chars = [], 0
+        batch.append(t)
+        chars += len(t)
     if batch:
         yield batch
 
 
-def _encoded(texts: Iterable[str], tokenizer, dtype: np.dtype, num_proc: int) -> Iterator[tuple[np.ndarray, int]]:
-    """Token arrays of document batches, in document order, from ``num_proc`` processes."""
+def _encoded(docs, tokenizer, dtype: np.dtype, num_proc: int) -> Iterator[tuple[np.ndarray, int]]:
+    """Token arrays in document order: shard after shard, each tokenised by one of ``num_proc``
+    processes (as ``datasets.map(num_proc=...)`` splits a dataset), written in shard order, so
+    the store is the same for any ``num_proc``."""
     backend, eos = backend_of(tokenizer), eos_id(tokenizer)
     if num_proc <= 1:
-        for batch in _batches(texts, BATCH_DOCUMENTS):
-            yield encode_documents(backend, batch, eos, dtype), len(batch)
+        for index in range(docs.num_shards):
+            yield from _shard_arrays(docs, index, backend, eos, dtype)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -150,12 +182,13 @@ def _encoded(texts: Iterable[str], tokenizer, dtype: np.dtype, num_proc: int) ->
     # spawn: the parent may hold threads (tokenizers, torch) that a fork would copy mid-lock.
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_worker_init,
-                             initargs=(backend.to_str(), eos, dtype.str)) as pool:
+                             initargs=(docs, backend.to_str(), eos, dtype.str)) as pool:
         pending: deque = deque()
+        shards = iter(range(docs.num_shards))
         try:
-            for batch in _batches(texts, BATCH_DOCUMENTS):
-                pending.append(pool.submit(_worker_encode, batch))
-                if len(pending) >= 4 * num_proc:  # bounded read-ahead: memory does not grow with the corpus
+            for index in shards:
+                pending.append(pool.submit(_worker_shard, index))
+                if len(pending) >= 2 * num_proc:  # bounded look-ahead: memory does not grow with the corpus
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
@@ -195,7 +228,7 @@ class _ShardWriter:
 
 def write_token_store(
     path: str,
-    texts: Iterable[str],
+    docs,
     tokenizer,
     *,
     num_proc: int = 1,
@@ -205,13 +238,15 @@ def write_token_store(
     progress: bool = True,
     desc: str = "tokenizing",
 ) -> dict[str, Any]:
-    """Tokenise ``texts`` into a new store at ``path``; returns its index (with ``tokens_per_s``).
+    """Tokenise ``docs`` (a ``datasets.IterableDataset`` with a ``text`` column, or a list of
+    strings) into a new store at ``path``; returns its index (with ``tokens_per_s``).
 
     ``max_tokens`` stops after that many tokens (the last document is cut). If ``path``
     already exists when the store is finished (another process wrote it), that one is kept.
     """
     from tqdm.auto import tqdm
 
+    docs = as_documents(docs)
     dtype = token_dtype(len(tokenizer))
     tmp = f"{path.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -220,7 +255,7 @@ def write_token_store(
     bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc=desc, disable=not progress, dynamic_ncols=True)
     num_tokens = num_docs = 0
     t0 = time.perf_counter()
-    stream = _encoded(texts, tokenizer, dtype, num_proc)
+    stream = _encoded(docs, tokenizer, dtype, num_proc)
     try:
         for tokens, docs in stream:
             if max_tokens is not None:
