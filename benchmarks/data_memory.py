@@ -13,7 +13,8 @@ tokens, trained once). For each corpus it runs, as fresh processes:
   prepared on the fly inside the training process: its peak resident memory.
 
 Prints the growth from the small corpus to the large one (the issue's bounds: training
-<= 64 MB, prepare_data.py <= 256 MB).
+<= 64 MB, prepare_data.py <= 256 MB), then prepare_data.py's tokens/s on the large corpus for
+each process count, alternating runs (``--repeats``) so machine load affects them alike.
 """
 
 from __future__ import annotations
@@ -113,6 +114,19 @@ def measure(workdir: str, tokens: int, scale: int, num_procs: list[int]) -> dict
     return results
 
 
+def throughput(workdir: str, num_procs: list[int], repeats: int) -> dict[int, list[float]]:
+    """prepare_data.py tokens/s on the large corpus, the process counts alternating."""
+    cfg = os.path.join(workdir, "large.yaml")
+    rates: dict[int, list[float]] = {n: [] for n in num_procs}
+    for r in range(repeats):
+        for n in num_procs if r % 2 == 0 else list(reversed(num_procs)):
+            shutil.rmtree(os.path.join(workdir, "cache-large"), ignore_errors=True)
+            _, out = peak_rss_mb([sys.executable, "prepare_data.py", "--config", cfg, "--num-proc", str(n), "--split", "train"])
+            line = next(line for line in out.splitlines() if line.startswith("train:"))
+            rates[n].append(float(line.split(" at ")[1].split(" tokens/s")[0].replace(",", "")))
+    return rates
+
+
 def report(results: dict, num_procs: list[int]) -> str:
     small, large = results["small"], results["large"]
     lines = [f"corpus: {small['tokens']:,} -> {large['tokens']:,} tokens ({small['corpus_mb']:.0f} -> {large['corpus_mb']:.0f} MB of JSONL)"]
@@ -130,11 +144,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1_200_000)
     ap.add_argument("--scale", type=int, default=10)
     ap.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=3, help="alternating prepare_data.py runs per process count")
     ap.add_argument("--workdir", default=None, help="default: a temporary directory, removed afterwards")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="rpt-data-memory-")
     try:
         print(report(measure(workdir, args.tokens, args.scale, args.num_proc), args.num_proc))
+        if args.repeats:
+            import statistics
+
+            rates = throughput(workdir, args.num_proc, args.repeats)
+            print("prepare_data.py on the large corpus, median of", args.repeats, "alternating runs: " + ", ".join(
+                f"{n} process(es) {statistics.median(r):,.0f} tokens/s" for n, r in rates.items()))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
