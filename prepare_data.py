@@ -46,15 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.split == "both" and cfg.eval_batches == 0:
         splits = ["train"]
     try:
+        for split in splits:
+            sources, _ = split_sources(cfg, split)
+            if is_streaming(sources) and not is_token_store(sources) and not args.out:
+                raise DataError(f"{split} data is streamed, so train.py reads it from the stream; to tokenise it ahead, "
+                                "pass --out DIR and train with data: {tokens: DIR}")
         tokenizer = build_tokenizer(cfg)
         for split in splits:
             sources, _ = split_sources(cfg, split)
             if is_token_store(sources):
                 print(f"{split}: already a token store ({sources}); nothing to do")
                 continue
-            if is_streaming(sources) and not args.out:
-                raise DataError(f"{split} data is streamed, so train.py reads it from the stream; to tokenise it ahead, "
-                                "pass --out DIR and train with data: {tokens: DIR}")
             path = os.path.join(args.out, split) if args.out else None
             path = prepare_store(cfg, split, tokenizer, path, num_proc=args.num_proc, max_tokens=args.max_tokens)
             meta = TokenStore(path).meta

@@ -192,6 +192,12 @@ def evaluate(model, cfg: TrainConfig, val, accelerator) -> dict[str, float]:
     return metrics
 
 
+def peak_memory_all_ranks(accelerator) -> float:
+    """The largest peak memory (MB) of any rank since the previous call (rpt.metrics)."""
+    mine = torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device)
+    return float(accelerator.reduce(mine, "max"))
+
+
 def zero_stage(accelerator) -> int:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     return int(plugin.zero_stage) if plugin is not None else 0
@@ -318,7 +324,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     model = build_model(cfg, tokenizer)
     model.train()
-    speed = Throughput(flops_per_token(model, cfg.seq_len), None)
+    flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg)
     configure_deepspeed(accelerator, cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -327,7 +333,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     accelerator.register_for_checkpointing(scheduler)
     peak = device_peak_flops(accelerator.device, cfg.precision, cfg.peak_tflops)
-    speed.peak_flops = peak * world if peak else None
+    speed = Throughput(flops, peak * world if peak else None)
 
     global_batch = cfg.micro_batch_size * cfg.grad_accum * world
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
@@ -368,8 +374,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             row = {"step": step, **meter.reduce(accelerator), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None, **speed.row(),
-                   "peak_mem_mb": float(accelerator.reduce(torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device), "max")),
-                   "data_position": step * global_batch}
+                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": step * global_batch}
             meter.reset()
             if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
                 row.update(evaluate(model, cfg, val, accelerator))

@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rpt.config import load_config
-from rpt.data import TokenStore, build_tokenizer, default_store_path, stdlib_texts
+from rpt.data import DataError, TokenStore, build_packed, build_tokenizer, default_store_path, stdlib_texts
 from rpt.data.sources import is_validation_text
+from tests.tiny_models import tiny_tokenizer
 from tests.train_helpers import ROOT, env, run_train, write_config, write_jsonl
 
 
@@ -58,12 +61,14 @@ def test_out_dir_trains_as_a_token_source(tmp_path):
     assert (tmp_path / "run2" / "final").is_dir()
 
 
-def test_errors_are_one_line(tmp_path):
-    streamed = corpus_config(tmp_path)
-    res = prepare("--config", streamed, "data.streaming=true")
-    assert res.returncode == 2 and "pass --out DIR" in res.stderr
-    res = prepare("--config", corpus_config(tmp_path), "data.text_field=body")
-    assert res.returncode == 2 and "no text field 'body'" in res.stderr
-    assert len([line for line in res.stderr.splitlines() if line.startswith("error:")]) == 1
-    res = run_train(write_config(tmp_path, data={"tokens": str(tmp_path)}, tokenizer=None))
-    assert res.returncode == 2 and "not a token store" in res.stderr
+def test_errors_are_one_line(tmp_path, capsys):
+    import prepare_data
+
+    cfg = corpus_config(tmp_path)
+    assert prepare_data.main(["--config", cfg, "data.streaming=true"]) == 2
+    assert "pass --out DIR" in capsys.readouterr().err
+    assert prepare_data.main(["--config", cfg, "data.text_field=body"]) == 2
+    err = capsys.readouterr().err
+    assert "no text field 'body'" in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    with pytest.raises(DataError, match="not a token store"):
+        build_packed(load_config(write_config(tmp_path, data={"tokens": str(tmp_path)})), "train", tiny_tokenizer())
