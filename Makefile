@@ -43,7 +43,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/sandbox_throughput.py
 
 lint: $(VENV)/.installed
-	$(PY) -m ruff check rpt tests benchmarks eval train.py sample.py
+	$(PY) -m ruff check rpt tests benchmarks eval *.py
 
 clean:
 	rm -rf runs .pytest_cache

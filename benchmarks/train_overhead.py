@@ -1,10 +1,10 @@
 """Training throughput of ``objective=rpt`` against ``objective=ntp``, alternated in one process.
 
-    python benchmarks/train_overhead.py [--steps 12 --rounds 5 --device cpu --precision fp32]
+    python benchmarks/train_overhead.py [--steps 12 --rounds 5 --device cpu --precision fp32 --attn sdpa]
 
 Same model, same packed batches, same optimizer; the two objectives take turns in blocks of
 ``--steps`` optimizer steps so machine load affects both alike. Prints tokens/s of each and the
-ratio rpt / ntp (the goal is >= 0.98).
+ratio rpt / ntp (the goal is >= 0.98); on a GPU also the MFU estimate of each and the peak memory.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.config import TrainConfig
+from rpt.metrics import device_peak_flops, flops_per_token
 from rpt.model import RPTForCausalLM
 from rpt.training import build_optimizer, forward, make_batch
 
@@ -32,12 +33,14 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--attn", default="sdpa", help="attn_implementation: sdpa | eager | flash_attention_2")
     args = ap.parse_args()
 
     torch.manual_seed(0)
     cfg_model = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
                             num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
                             max_position_embeddings=args.seq_len + 1)
+    cfg_model._attn_implementation = args.attn
     model = RPTForCausalLM.from_base(LlamaForCausalLM(cfg_model), window=3).to(args.device).train()
     configs = {
         name: TrainConfig(model="bench", data="bench", objective=name, seq_len=args.seq_len, window=3, s=0.5, q=0.02,
@@ -80,6 +83,12 @@ def main() -> None:
     print(f"objective=ntp: {ntp:10.0f} tokens/s")
     print(f"objective=rpt: {rpt:10.0f} tokens/s   (w=3, s=0.5, q=0.02)")
     print(f"rpt / ntp = {rpt / ntp:.3f}")
+    peak = device_peak_flops(torch.device(args.device), args.precision)
+    if peak:
+        fpt = flops_per_token(model, args.seq_len)
+        print(f"MFU (nanoGPT estimate, {peak / 1e12:.0f} TFLOP/s peak): ntp {ntp * fpt / peak:.3f}, rpt {rpt * fpt / peak:.3f}")
+    if args.device.startswith("cuda"):
+        print(f"peak memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -73,3 +73,30 @@ def read_trainer_state(checkpoint: str) -> dict[str, Any]:
 def prune_checkpoints(output_dir: str, keep_last: int) -> None:
     for _, path in checkpoint_dirs(output_dir)[:-keep_last]:
         shutil.rmtree(path, ignore_errors=True)
+
+
+DATA_STATE_DIR = "data_state"
+
+
+def save_data_state(checkpoint: str, rank: int, state: dict[str, Any]) -> None:
+    """Each rank's data-pipeline position (streamed data only; a token store needs none)."""
+    if not state:
+        return
+    import torch
+
+    directory = os.path.join(checkpoint, DATA_STATE_DIR)
+    os.makedirs(directory, exist_ok=True)
+    torch.save(state, os.path.join(directory, f"rank-{rank}.pt"))
+
+
+def load_data_state(checkpoint: str, rank: int, world_size: int) -> dict[str, Any]:
+    directory = os.path.join(checkpoint, DATA_STATE_DIR)
+    if not os.path.isdir(directory):
+        return {}
+    saved = len([n for n in os.listdir(directory) if n.startswith("rank-")])
+    if saved != world_size:
+        raise ValueError(f"{checkpoint} holds the streamed-data positions of {saved} processes but this run has "
+                         f"{world_size}; resume with {saved} processes (a stream is split by rank), or resume=none")
+    import torch
+
+    return torch.load(os.path.join(directory, f"rank-{rank}.pt"), weights_only=True)

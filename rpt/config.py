@@ -26,11 +26,15 @@ class TrainConfig:
     init_from: str | None = None  # start from this checkpoint's weights (RPT or plain HF)
     tokenizer: Any = None  # id/path, {"train_bpe": {"vocab_size": N}}, or None = the model's
     # data: one source or a list; each {"stdlib": {...}} | {"path": F, "text_field": "text"} |
-    # {"hub": NAME, "split": S, "text_field": T, "config": C, "streaming": bool}, with "weight"
+    # {"hub": NAME, "split": S, "text_field": T, "config": C}, with "weight" and "streaming";
+    # or {"tokens": DIR}, a store written by prepare_data.py (see rpt/data/)
     data: Any = None
-    val_data: Any = None  # same forms; None = hold out val_fraction of the documents
+    val_data: Any = None  # same forms; None = hold out val_fraction of the documents (by text hash)
     val_fraction: float = 0.05
-    cache_dir: str = "runs/cache"
+    cache_dir: str = "runs/cache"  # token stores prepared on the fly, trained tokenizers
+    shuffle_buffer: int = 10_000  # streamed data: documents in the shuffle buffer (0 = stream order)
+    data_workers: int = 1  # streamed data: DataLoader workers tokenising and packing ahead (0 = inline)
+    tokenize_workers: int = 1  # processes that tokenise a corpus into a token store
     seq_len: int = 256
     objective: str = "rpt"  # rpt | ntp
     window: int = 3
@@ -54,6 +58,8 @@ class TrainConfig:
     keep_last: int = 2
     seed: int = 0
     precision: str = "fp32"  # fp32 | bf16 | fp16
+    loss_chunk_mb: int = 32  # the loss computes float32 logits for this many MB of them at a time
+    peak_tflops: float | None = None  # per-device peak for the MFU estimate (None: known GPUs only)
     gradient_checkpointing: bool = False
     attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 | None (HF default)
     output_dir: str = "runs/default"
@@ -160,6 +166,15 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
+    from rpt.data.errors import DataError
+    from rpt.data.sources import check_sources
+
+    try:
+        check_sources(cfg.data, "data")
+        if cfg.val_data is not None:
+            check_sources(cfg.val_data, "val_data")
+    except DataError as e:
+        raise ConfigError(str(e)) from None
     if cfg.window < 2:
         raise bad("window", "use an integer >= 2 (the paper uses 3)")
     for key in ("s", "q", "val_fraction", "min_lr_ratio"):
@@ -168,9 +183,14 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("seq_len", "micro_batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "save_every", "keep_last"):
         if getattr(cfg, key) < 1:
             raise bad(key, "use an integer >= 1")
-    for key in ("warmup_steps", "eval_batches"):
+    for key in ("warmup_steps", "eval_batches", "shuffle_buffer", "data_workers"):
         if getattr(cfg, key) < 0:
             raise bad(key, "use an integer >= 0")
+    for key in ("tokenize_workers", "loss_chunk_mb"):
+        if getattr(cfg, key) < 1:
+            raise bad(key, "use an integer >= 1")
+    if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
+        raise bad("peak_tflops", "use the device's peak TFLOP/s (e.g. 989 for an H100 SXM in bf16) or leave it unset")
     if cfg.seq_len < cfg.window:
         raise bad("seq_len", f"sequences must be at least the window ({cfg.window}) long")
     if cfg.lr <= 0:

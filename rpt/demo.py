@@ -96,8 +96,7 @@ def _corpus(out: Path) -> dict:
 
     cfg = load_config(str(ROOT / "configs/tiny.yaml"))
     tok = load_or_train_tokenizer(cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir, None)
-    train = build_packed(cfg.data, "train", tok, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
-    val = build_packed(cfg.data, "validation", tok, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
+    train, val = build_packed(cfg, "train", tok), build_packed(cfg, "validation", tok)
     return {
         "stdlib_files": len(stdlib_files()), "validation_files": len(stdlib_texts("validation", cfg.val_fraction)),
         "vocab_size": len(tok), "seq_len": cfg.seq_len,

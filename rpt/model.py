@@ -20,12 +20,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, cached_file
 
+from rpt.loss import chunk_tokens, linear_cross_entropy
 from rpt.objective import IGNORE_INDEX
 
 RPT_CONFIG_NAME = "rpt_config.json"
@@ -89,6 +89,8 @@ class RPTForCausalLM(nn.Module):
         nn.init.zeros_(self.offset_embedding.weight)
         # Host-side range check of offset_ids; a CUDA-graph decoder turns it off.
         self.check_offsets = True
+        # The loss computes float32 logits for at most this many bytes of them at a time.
+        self.loss_chunk_bytes = 32 << 20
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -205,7 +207,8 @@ class RPTForCausalLM(nn.Module):
         **kwargs,
     ) -> RPTOutput:
         """Logits for every fed token; with ``labels`` (already aligned: ``labels[i] = x[tau_i]``,
-        no shift) the eq. 13 loss and its NTP / PTP-l split by ``kinds``.
+        no shift) instead the eq. 13 loss and its NTP / PTP-l split by ``kinds`` (and no logits:
+        the loss never holds them for the whole batch, see :mod:`rpt.loss`).
 
         Without ``position_ids`` / ``offset_ids`` this is plain next-token prediction.
         """
@@ -214,24 +217,39 @@ class RPTForCausalLM(nn.Module):
             # transformers reads non-consecutive position_ids without a mask as packed documents
             # and would cut the sequence at every swap; an explicit all-ones mask keeps it causal.
             attention_mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
-        out = self.lm(
-            inputs_embeds=inputs_embeds,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            **kwargs,
+        model_inputs = dict(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
+                            past_key_values=past_key_values, use_cache=use_cache, **kwargs)
+        if labels is None:
+            out = self.lm(**model_inputs)
+            return RPTOutput(
+                logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+                hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
+            )
+        # With labels: the body's hidden states, then the head and the cross-entropy a chunk of
+        # tokens at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
+        out = self.lm.base_model(**model_inputs)
+        hidden = out.last_hidden_state
+        head = self.lm.get_output_embeddings()
+        scale, softcap = self.logit_transform()
+        per_token = linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight, getattr(head, "bias", None), labels.reshape(-1),
+            chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
         )
-        result = RPTOutput(
-            logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+        loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
+        return RPTOutput(
+            loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts,
+            past_key_values=getattr(out, "past_key_values", None),
             hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
         )
-        if labels is not None:
-            logits = out.logits.float()
-            per_token = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-            ).view_as(labels)
-            loss, ntp, ptp, sums, counts = split_losses(per_token, labels, kinds, self.window)
-            result.loss, result.ntp_loss, result.ptp_loss = loss, ntp, ptp
-            result.kind_loss_sum, result.kind_count = sums, counts
-        return result
+
+    def logit_transform(self) -> tuple[float | None, float | None]:
+        """``(scale, softcap)`` the base model applies after its output embedding: Cohere's
+        ``logit_scale``, Granite's ``1 / logits_scaling``, Gemma 2/3's ``final_logit_softcapping``."""
+        config = self.lm.config
+        scale = None
+        if getattr(config, "model_type", "").startswith("cohere") and getattr(config, "logit_scale", None):
+            scale = float(config.logit_scale)
+        if getattr(config, "logits_scaling", None):
+            scale = 1.0 / float(config.logits_scaling)
+        cap = getattr(config, "final_logit_softcapping", None)
+        return scale, float(cap) if cap else None

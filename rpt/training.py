@@ -1,18 +1,18 @@
 """The training loop on ``accelerate``: one CPU, one GPU, DDP, or DeepSpeed ZeRO-2/3.
 
 Each optimiser step consumes one *global batch* of ``micro_batch_size x grad_accum x world``
-packed chunks. Sample ``i`` of the run is a pure function of the seed (:class:`PackedData`),
-and the permutation of micro-batch ``j`` of step ``t`` comes from a generator seeded with
-``(seed, t, j)``: a run resumed from ``checkpoint-<t>`` therefore sees exactly the data and
-permutations the uninterrupted run saw, and a 2-process run sees the same global batch as a
-1-process run with twice the accumulation.
+packed chunks. With a token store (every non-streamed source) sample ``i`` of the run is a pure
+function of the seed (:mod:`rpt.data.packed`), and the permutation of global micro-batch ``j`` of
+step ``t`` comes from a generator seeded with ``(seed, t, j)``: a run resumed from
+``checkpoint-<t>`` sees exactly the data and permutations the uninterrupted run saw, and a
+2-process run sees the same global batch as a 1-process run with twice the accumulation.
+Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.streaming`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Any
 
 import torch
@@ -23,16 +23,18 @@ from rpt.checkpointing import (
     clear_dir,
     commit_dir,
     latest_checkpoint,
+    load_data_state,
     prune_checkpoints,
     read_trainer_state,
+    save_data_state,
     temp_dir_for,
     write_json_atomic,
 )
 from rpt.config import TrainConfig
-from rpt.data import build_packed, load_or_train_tokenizer
-from rpt.metrics import MetricsLog
+from rpt.data import build_packed, build_tokenizer
+from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
-from rpt.objective import RPTBatch, make_rpt_batch, ntp_batch
+from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -68,6 +70,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
         model.lm.resize_token_embeddings(len(tokenizer))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    model.loss_chunk_bytes = cfg.loss_chunk_mb << 20
     return model
 
 
@@ -121,36 +124,83 @@ def per_kind_means(sums: torch.Tensor, counts: torch.Tensor, prefix: str = "") -
     return out
 
 
+class LossMeter:
+    """The loss and the per-kind CE sums of the micro-batches since the last reset; summed
+    over ranks by :meth:`reduce` (sums and counts add up across micro-batches and ranks)."""
+
+    def __init__(self, window: int, device):
+        self.sums = torch.zeros(window, dtype=torch.float64, device=device)
+        self.counts = torch.zeros_like(self.sums)
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.n = 0
+
+    def add(self, out) -> None:
+        self.loss += out.loss.detach().double()
+        self.sums += out.kind_loss_sum.detach().double()
+        self.counts += out.kind_count.detach().double()
+        self.n += 1
+
+    def reduce(self, accelerator, prefix: str = "") -> dict[str, float | None]:
+        sums, counts = accelerator.reduce(self.sums, "sum"), accelerator.reduce(self.counts, "sum")
+        row = per_kind_means(sums, counts, prefix)
+        if self.n:
+            row[prefix + "loss"] = float(accelerator.reduce(self.loss, "sum")) / (self.n * accelerator.num_processes)
+        return row
+
+    def reset(self) -> None:
+        self.sums.zero_(), self.counts.zero_(), self.loss.zero_()
+        self.n = 0
+
+
+def eval_batches(cfg: TrainConfig, rows: torch.Tensor, index: int) -> list[RPTBatch]:
+    """Validation batch ``index``: NTP on unpermuted text and, for objective rpt, PTP-l on every
+    sequence permuted (s = 1) with a generator fixed by ``index``, so evaluations compare."""
+    batches = [ntp_batch(rows, num_inputs=cfg.seq_len)]
+    if cfg.objective == "rpt":
+        gen = torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1))
+        rpt = make_rpt_batch(rows, cfg.window, 1.0, cfg.q, generator=gen, num_inputs=cfg.seq_len)
+        rpt.labels = rpt.labels.masked_fill(rpt.kinds == 0, IGNORE_INDEX)  # NTP comes from the unpermuted pass
+        batches.append(rpt)
+    return batches
+
+
+def eval_assignment(n_batches: int, world: int, rank: int) -> list[int | None]:
+    """The validation batches of ``rank``: ``b = k * world + rank``, padded with None so that
+    every rank runs the same number of forwards -- DDP and ZeRO-3 need every rank in every
+    forward, and a rank that skipped one would leave the others waiting forever."""
+    per_rank = math.ceil(n_batches / world)
+    return [b if b < n_batches else None for b in (k * world + rank for k in range(per_rank))]
+
+
 @torch.no_grad()
 def evaluate(model, cfg: TrainConfig, val, accelerator) -> dict[str, float]:
-    """Validation NTP loss on unpermuted text, and (objective rpt) PTP-l losses on every
-    sequence permuted (s = 1) with fixed generators, so evaluations are comparable."""
+    """Validation losses over the first ``eval_batches`` micro-batches of the validation set."""
     model.eval()
-    window = accelerator.unwrap_model(model).window
-    sums = torch.zeros(window, dtype=torch.float64, device=accelerator.device)
-    counts = torch.zeros_like(sums)
-    for b in range(accelerator.process_index, cfg.eval_batches, accelerator.num_processes):
-        rows = val.sequential(cfg.micro_batch_size, start=b * cfg.micro_batch_size).to(accelerator.device)
-        if rows.shape[0] == 0:
-            break
-        batches = [ntp_batch(rows, num_inputs=cfg.seq_len)]
-        if cfg.objective == "rpt":
-            gen = torch.Generator().manual_seed(cfg.seed + 7919 * (b + 1))
-            rpt = make_rpt_batch(rows.cpu(), cfg.window, 1.0, cfg.q, generator=gen, num_inputs=cfg.seq_len)
-            rpt.kinds = rpt.kinds.masked_fill(rpt.kinds == 0, -1)  # NTP comes from the unpermuted pass
-            batches.append(rpt.to(accelerator.device))
-        for batch in batches:
-            keep = batch.kinds >= 0
-            batch.labels = batch.labels.masked_fill(~keep, -100)
-            batch.kinds = batch.kinds.clamp(min=0)
-            out = forward(model, batch)
-            sums += out.kind_loss_sum.double()
-            counts += out.kind_count.double()
-    sums, counts = accelerator.reduce(sums, "sum"), accelerator.reduce(counts, "sum")
+    world, rank = accelerator.num_processes, accelerator.process_index
+    meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
+    mbs = cfg.micro_batch_size
+    for b in eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / mbs)), world, rank):
+        rows = val.sequential(mbs, start=(b or 0) * mbs)
+        for batch in eval_batches(cfg, rows, b or 0):
+            if b is None:  # padding: every label masked, so the forward adds nothing
+                batch.labels.fill_(IGNORE_INDEX)
+            meter.add(forward(model, batch.to(accelerator.device)))
     model.train()
-    metrics = per_kind_means(sums, counts, prefix="eval_")
+    metrics = meter.reduce(accelerator, prefix="eval_")
+    metrics.pop("eval_loss", None)
     metrics["eval_loss"] = metrics["eval_ntp_loss"]
     return metrics
+
+
+def peak_memory_all_ranks(accelerator) -> float:
+    """The largest peak memory (MB) of any rank since the previous call (rpt.metrics)."""
+    mine = torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device)
+    return float(accelerator.reduce(mine, "max"))
+
+
+def zero_stage(accelerator) -> int:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return int(plugin.zero_stage) if plugin is not None else 0
 
 
 def parameter_fingerprint(model: torch.nn.Module) -> list[float]:
@@ -163,14 +213,37 @@ def parameter_fingerprint(model: torch.nn.Module) -> list[float]:
     return [total, weighted]
 
 
-# ---- the run -----------------------------------------------------------------------------------
-def run(cfg: TrainConfig) -> dict[str, Any]:
-    """Train per ``cfg``; returns the last logged metrics. Writes ``cfg.output_dir``."""
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
+def replica_report(accelerator, model) -> dict[str, Any]:
+    report: dict[str, Any] = {"world_size": accelerator.num_processes}
+    if zero_stage(accelerator) == 3:
+        # ZeRO-3 partitions every parameter: no rank holds a replica that could drift.
+        report.update(parameter_fingerprints=None, note="ZeRO-3: parameters are partitioned, not replicated")
+    else:
+        fingerprints = [parameter_fingerprint(accelerator.unwrap_model(model))]
+        report["parameter_fingerprints"] = accelerator.gather_for_metrics(fingerprints, use_gather_object=True)
+    return report
 
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    accelerator = Accelerator(
+
+def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) -> None:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and int(plugin.zero_stage) == 3:
+        import deepspeed
+
+        # The loss reads the output head's weight outside the head's forward (rpt.loss): ZeRO-3
+        # must gather it for the whole model's forward and backward.
+        for p in model.lm.get_output_embeddings().parameters():
+            deepspeed.zero.register_external_parameter(model, p)
+    if plugin is not None:
+        # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+        plugin.deepspeed_config["gradient_accumulation_steps"] = cfg.grad_accum
+        plugin.deepspeed_config["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
+
+
+def make_accelerator(cfg: TrainConfig):
+    from accelerate import Accelerator
+
+    return Accelerator(
         # Without an accelerator device, accelerate only forms a multi-process (gloo) group when
         # told it runs on the CPU; with cpu=False each torchrun worker would train alone.
         cpu=not torch.accelerator.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true",
@@ -179,139 +252,41 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         log_with=None if cfg.report_to == "none" else cfg.report_to,
         project_dir=cfg.output_dir,
     )
-    main = accelerator.is_main_process
-    set_seed(cfg.seed)
-
-    with accelerator.main_process_first():
-        tokenizer = load_or_train_tokenizer(
-            cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
-            fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None),
-        )
-        if cfg.val_data is not None:
-            train = build_packed(cfg.data, None, tokenizer, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
-            val = build_packed(cfg.val_data, None, tokenizer, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
-        else:
-            train = build_packed(cfg.data, "train", tokenizer, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
-            val = build_packed(cfg.data, "validation", tokenizer, cfg.seq_len, cfg.val_fraction, cfg.seed, cfg.cache_dir)
-
-    model = build_model(cfg, tokenizer)
-    model.train()
-    optimizer = build_optimizer(model, cfg)
-    ds_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if ds_plugin is not None:
-        # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
-        ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-        ds_plugin.deepspeed_config["gradient_accumulation_steps"] = cfg.grad_accum
-        ds_plugin.deepspeed_config["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
-    model, optimizer = accelerator.prepare(model, optimizer)
-    # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
-    # step it once per process); checkpointed through register_for_checkpointing.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    accelerator.register_for_checkpointing(scheduler)
-
-    world, rank = accelerator.num_processes, accelerator.process_index
-    global_batch = cfg.micro_batch_size * cfg.grad_accum * world
-    metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-
-    start_step = 0
-    resume_from = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else (None if cfg.resume == "none" else cfg.resume)
-    if resume_from:
-        accelerator.load_state(resume_from)
-        state = read_trainer_state(resume_from)
-        start_step = int(state["step"])
-        if main:
-            metrics_log.truncate_after(start_step)
-            print(f"resumed from {resume_from} at step {start_step} (data position {state['data_position']})")
-    elif main and os.path.exists(metrics_log.path):
-        os.remove(metrics_log.path)
-
-    if cfg.report_to != "none":
-        accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
-
-    if main:
-        with open(os.path.join(cfg.output_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
-    window = accelerator.unwrap_model(model).window
-    bar = tqdm(total=cfg.max_steps, initial=start_step, disable=not main, desc="train", dynamic_ncols=True)
-    last: dict[str, Any] = {}
-    acc_sums = torch.zeros(window, dtype=torch.float64, device=accelerator.device)
-    acc_counts, acc_loss, acc_n = torch.zeros_like(acc_sums), torch.zeros((), dtype=torch.float64, device=accelerator.device), 0
-    t_last, tokens_since = time.perf_counter(), 0
-
-    for step in range(start_step + 1, cfg.max_steps + 1):
-        rows_all = train.batch((step - 1) * global_batch, global_batch)
-        grad_norm = None
-        for m in range(cfg.grad_accum):
-            micro = m * world + rank
-            rows = rows_all[micro * cfg.micro_batch_size : (micro + 1) * cfg.micro_batch_size]
-            batch = make_batch(cfg, rows, step, micro).to(accelerator.device)
-            with accelerator.accumulate(model):
-                out = forward(model, batch)
-                accelerator.backward(out.loss)
-                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            acc_loss += out.loss.detach().double()
-            acc_sums += out.kind_loss_sum.detach().double()
-            acc_counts += out.kind_count.detach().double()
-            acc_n += 1
-        lr = scheduler.get_last_lr()[0]  # the rate this step used
-        scheduler.step()
-        tokens_since += global_batch * cfg.seq_len
-        bar.update(1)
-
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            loss = accelerator.reduce(acc_loss, "sum") / (acc_n * world)
-            sums, counts = accelerator.reduce(acc_sums, "sum"), accelerator.reduce(acc_counts, "sum")
-            now = time.perf_counter()
-            row = {"step": step, "loss": float(loss), **per_kind_means(sums, counts)}
-            row.update(
-                lr=lr,
-                grad_norm=float(grad_norm) if grad_norm is not None else None,
-                tokens_per_s=tokens_since / (now - t_last),
-                data_position=step * global_batch,
-            )
-            acc_sums.zero_(), acc_counts.zero_(), acc_loss.zero_()
-            acc_n, t_last, tokens_since = 0, now, 0
-            if cfg.eval_batches > 0 and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-                row.update(evaluate(model, cfg, val, accelerator))
-            if main:
-                metrics_log.write(row)
-                bar.set_postfix(loss=f"{row['loss']:.3f}", ntp=f"{row['ntp_loss'] or float('nan'):.3f}")
-            if cfg.report_to != "none":
-                accelerator.log({k: v for k, v in row.items() if v is not None}, step=step)
-            last = row
-            t_last = time.perf_counter()  # evaluation time is not training throughput
-
-        if step % cfg.save_every == 0 or step == cfg.max_steps:
-            save_checkpoint(accelerator, cfg, step, step * global_batch)
-            t_last = time.perf_counter()
-    bar.close()
-
-    save_final(accelerator, model, tokenizer, cfg)
-    fingerprints = accelerator.gather_for_metrics([parameter_fingerprint(accelerator.unwrap_model(model))], use_gather_object=True)
-    if main:
-        write_json_atomic(os.path.join(cfg.output_dir, "replicas.json"), {"world_size": world, "parameter_fingerprints": fingerprints})
-        if cfg.plot:
-            png = plot_loss_curves(metrics_log.path, os.path.join(cfg.output_dir, "loss_curves.png"), title=f"{cfg.objective} w={cfg.window}")
-            if png:
-                print(f"wrote {png}")
-        print(f"wrote {os.path.join(cfg.output_dir, 'final')} and {metrics_log.path}")
-    accelerator.end_training()
-    return last
 
 
-def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int) -> None:
+# ---- checkpoints ---------------------------------------------------------------------------------
+def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> int:
+    """Load the checkpoint ``cfg.resume`` names (auto: the newest); returns its step (0: none)."""
+    path = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else (None if cfg.resume == "none" else cfg.resume)
+    if not path:
+        if accelerator.is_main_process and os.path.exists(metrics_log.path):
+            os.remove(metrics_log.path)
+        return 0
+    accelerator.load_state(path)
+    state = read_trainer_state(path)
+    data_state = load_data_state(path, accelerator.process_index, accelerator.num_processes)
+    if data_state:
+        train.load_state_dict(data_state)
+    step = int(state["step"])
+    if accelerator.is_main_process:
+        metrics_log.truncate_after(step)
+        print(f"resumed from {path} at step {step} (data position {state['data_position']})")
+    return step
+
+
+def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, data_state: dict | None = None) -> None:
     final_path = os.path.join(cfg.output_dir, f"checkpoint-{step}")
     tmp = temp_dir_for(final_path)
     if accelerator.is_main_process:
         clear_dir(tmp)
     accelerator.wait_for_everyone()
     accelerator.save_state(tmp)
+    save_data_state(tmp, accelerator.process_index, data_state or {})
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        write_json_atomic(os.path.join(tmp, "trainer_state.json"), {"step": step, "data_position": data_position, "config": cfg.to_dict()})
+        write_json_atomic(os.path.join(tmp, "trainer_state.json"), {
+            "step": step, "data_position": data_position, "world_size": accelerator.num_processes, "config": cfg.to_dict(),
+        })
         commit_dir(tmp, final_path)
         prune_checkpoints(cfg.output_dir, cfg.keep_last)
     accelerator.wait_for_everyone()
@@ -332,4 +307,112 @@ def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
     accelerator.wait_for_everyone()
 
 
-__all__ = ["run", "build_model", "evaluate", "make_batch"]
+# ---- the run -----------------------------------------------------------------------------------
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Train per ``cfg``; returns the last logged metrics. Writes ``cfg.output_dir``."""
+    from accelerate.utils import set_seed
+
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    accelerator = make_accelerator(cfg)
+    main, world, rank = accelerator.is_main_process, accelerator.num_processes, accelerator.process_index
+    set_seed(cfg.seed)
+
+    with accelerator.main_process_first():  # the main process writes tokenizers and token stores first
+        tokenizer = build_tokenizer(cfg)
+        train = build_packed(cfg, "train", tokenizer, rank, world)
+        val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
+
+    model = build_model(cfg, tokenizer)
+    model.train()
+    flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
+    optimizer = build_optimizer(model, cfg)
+    configure_deepspeed(accelerator, cfg, model)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
+    # step it once per process); checkpointed through register_for_checkpointing.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    accelerator.register_for_checkpointing(scheduler)
+    peak = device_peak_flops(accelerator.device, cfg.precision, cfg.peak_tflops)
+    speed = Throughput(flops, peak * world if peak else None)
+
+    global_batch = cfg.micro_batch_size * cfg.grad_accum * world
+    metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
+    start_step = resume(accelerator, cfg, train, metrics_log)
+    if cfg.report_to != "none":
+        accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
+    if main:
+        with open(os.path.join(cfg.output_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+    meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
+    bar = tqdm(total=cfg.max_steps, initial=start_step, disable=not main, desc="train", dynamic_ncols=True)
+    last: dict[str, Any] = {}
+    speed.restart()
+    for step in range(start_step + 1, cfg.max_steps + 1):
+        grad_norm = None
+        for m in range(cfg.grad_accum):
+            # The global index of this micro-batch in the step: rank r's m-th micro-batch is the
+            # (m * world + r)-th, so its samples and its permutation (seeded by it) are the same
+            # whatever the split of the global batch into processes x accumulation steps.
+            micro = m * world + rank
+            batch = make_batch(cfg, train.micro_batch(step, micro), step, micro).to(accelerator.device)
+            with accelerator.accumulate(model):
+                out = forward(model, batch)
+                accelerator.backward(out.loss)
+                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                # Called on every micro-batch, but the prepared optimizer (and DeepSpeed) only
+                # steps and zeroes when accumulate() syncs gradients, on the last one.
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            meter.add(out)
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
+        scheduler.step()
+        speed.add(global_batch * cfg.seq_len)
+        bar.update(1)
+
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            row = {"step": step, **meter.reduce(accelerator), "lr": lr,
+                   "grad_norm": float(grad_norm) if grad_norm is not None else None, **speed.row(),
+                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": step * global_batch}
+            meter.reset()
+            if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                row.update(evaluate(model, cfg, val, accelerator))
+            if main:
+                metrics_log.write(row)
+                bar.set_postfix_str(progress_line(row))
+            if cfg.report_to != "none":
+                accelerator.log({k: v for k, v in row.items() if v is not None}, step=step)
+            last = row
+            speed.restart()  # evaluation time is not training throughput
+
+        if step % cfg.save_every == 0 or step == cfg.max_steps:
+            save_checkpoint(accelerator, cfg, step, step * global_batch, train.state_dict())
+            speed.restart()
+    bar.close()
+
+    save_final(accelerator, model, tokenizer, cfg)
+    replicas = replica_report(accelerator, model)
+    if main:
+        write_json_atomic(os.path.join(cfg.output_dir, "replicas.json"), replicas)
+        if cfg.plot:
+            png = plot_loss_curves(metrics_log.path, os.path.join(cfg.output_dir, "loss_curves.png"), title=f"{cfg.objective} w={cfg.window}")
+            if png:
+                print(f"wrote {png}")
+        print(f"wrote {os.path.join(cfg.output_dir, 'final')} and {metrics_log.path}")
+    accelerator.end_training()
+    return last
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    parts = [f"loss {row['loss']:.3f}"]
+    if row.get("ntp_loss") is not None:
+        parts.append(f"ntp {row['ntp_loss']:.3f}")
+    parts.append(f"{row['tokens_per_s']:,.0f} tok/s")
+    if row.get("mfu") is not None:
+        parts.append(f"mfu {100 * row['mfu']:.1f}%")
+    parts.append(f"mem {row['peak_mem_mb'] / 1024:.2f} GB")
+    return " ".join(parts)
+
+
+__all__ = ["run", "build_model", "evaluate", "make_batch", "LossMeter"]

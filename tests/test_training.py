@@ -26,7 +26,7 @@ def test_train_end_to_end_writes_everything(tmp_path):
     run = tmp_path / "run"
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 11))
-    for key in ("loss", "ntp_loss", "ptp_loss_1", "ptp_loss_2", "lr", "grad_norm", "tokens_per_s"):
+    for key in ("loss", "ntp_loss", "ptp_loss_1", "ptp_loss_2", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_mb"):
         assert key in rows[-1], key
     evals = [r for r in rows if "eval_ntp_loss" in r]
     assert [r["step"] for r in evals] == [5, 10]
@@ -45,8 +45,17 @@ def test_train_end_to_end_writes_everything(tmp_path):
     assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
 
 
-def test_killed_run_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("data", ["text", "tokens"])
+def test_killed_run_resumes_exactly(tmp_path, data):
+    """Text data (a token store prepared on the fly) and a store named directly ({tokens: DIR},
+    written by prepare_data.py): SIGKILL after checkpoint-20, resume, the same losses."""
     cfg = write_config(tmp_path, max_steps=40, save_every=20, log_every=1, seed=7, eval_every=100, eval_batches=0)
+    if data == "tokens":
+        import prepare_data
+
+        assert prepare_data.main(["--config", cfg, "--out", str(tmp_path / "store"), "--num-proc", "1"]) == 0
+        cfg = write_config(tmp_path, max_steps=40, save_every=20, log_every=1, seed=7, eval_every=100, eval_batches=0,
+                           data={"tokens": str(tmp_path / "store")}, tokenizer=None)
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
     ref = run_train(cfg, f"output_dir={ref_dir}")
     assert ref.returncode == 0, ref.stderr[-3000:]
@@ -144,3 +153,57 @@ def test_bad_config_stops_with_one_clear_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'lerning_rate'")
     missing = run_train(str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_every_rank_runs_the_same_number_of_eval_forwards():
+    from rpt.training import eval_assignment
+
+    for n_batches in (0, 1, 2, 3, 5, 16):
+        for world in (1, 2, 3, 8):
+            plans = [eval_assignment(n_batches, world, r) for r in range(world)]
+            assert len({len(p) for p in plans}) == 1, (n_batches, world)  # no rank waits in a collective
+            real = sorted(b for p in plans for b in p if b is not None)
+            assert real == list(range(n_batches))  # every batch exactly once
+
+
+def test_flops_per_token_and_device_peaks(monkeypatch):
+    from rpt.metrics import device_peak_flops, flops_per_token
+    from tests.tiny_models import tiny_llama
+
+    model = RPTForCausalLM.from_base(tiny_llama(vocab_size=97), window=3)
+    # By hand: per layer q, o (32x32), k, v (32x16: 2 KV heads of 8), MLP 3 x 32x64, 2 norms (32);
+    # final norm 32; the untied head 97x32. The input embedding and the offset table are lookups.
+    per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64 + 2 * 32
+    n = 2 * per_layer + 32 + 97 * 32
+    assert flops_per_token(model, seq_len=50) == 6 * n + 12 * 2 * 32 * 50
+    assert device_peak_flops(torch.device("cpu"), "bf16") is None
+    assert device_peak_flops(torch.device("cpu"), "bf16", override_tflops=100) == 100e12
+    for name, precision, peak in (("NVIDIA A100-SXM4-80GB", "bf16", 312e12), ("NVIDIA A10G", "bf16", None), ("NVIDIA A10", "bf16", 125e12),
+                                  ("NVIDIA H100 PCIe", "bf16", 756e12), ("NVIDIA H100 80GB HBM3", "fp32", 67e12),
+                                  ("NVIDIA L40S", "bf16", 362e12), ("Some Future GPU", "bf16", None)):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        assert device_peak_flops(torch.device("cuda"), precision) == peak, name
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"data": [{"path": "a.jsonl"}, {"tokens": "dir"}]}, "token store"),
+    ({"data": {"path": "a.jsonl", "hub": "x"}}, "exactly one"),
+    ({"data": [{"path": "a.jsonl", "weight": 0}]}, "weight"),
+    ({"val_data": "corpus.jsonl"}, "val_data"),
+    ({"data_workers": -1}, "data_workers"),
+    ({"peak_tflops": 0}, "peak_tflops"),
+])
+def test_bad_data_config_names_the_key(tmp_path, bad, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write_config(tmp_path, **bad))
+
+
+def test_recipe_validates_on_documents_training_never_sees():
+    from rpt.data import split_sources
+
+    cfg = load_config(os.path.join(ROOT, "configs/llama3_8b_rpt.yaml"))
+    assert cfg.val_data is None and 0 < cfg.val_fraction <= 0.01
+    # both splits read the same streams, on opposite sides of the text-hash split
+    assert split_sources(cfg, "train") == (cfg.data, "train")
+    assert split_sources(cfg, "validation") == (cfg.data, "validation")
+    assert all(s["streaming"] for s in cfg.data)

@@ -53,3 +53,34 @@ def train_cmd(config: str, *overrides: str) -> list[str]:
 
 def run_train(config: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(train_cmd(config, *overrides), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def accelerate_cmd(launch_config: str, port: int, config: str, *overrides: str) -> list[str]:
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    return [accelerate, "launch", "--config_file", launch_config, "--main_process_port", str(port),
+            *train_cmd(config, *overrides)[1:]]
+
+
+def run_cmd(cmd: list[str], timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def zero_launch_config(tmp_path, stage: int, num_processes: int = 1) -> str:
+    """An accelerate launch file for DeepSpeed ZeRO-``stage`` with the shipped JSON config."""
+    path = tmp_path / f"accelerate_zero{stage}.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+        f"deepspeed_config:\n  deepspeed_config_file: {ROOT}/configs/accelerate/ds_zero{stage}.json\n"
+        f"  zero3_init_flag: {'true' if stage == 3 else 'false'}\n"
+        f"num_processes: {num_processes}\nnum_machines: 1\nmachine_rank: 0\nrdzv_backend: static\nsame_network: true\n"
+    )
+    return str(path)
+
+
+def write_jsonl(path, texts) -> str:
+    import json
+
+    with open(path, "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+    return str(path)

@@ -1,0 +1,109 @@
+"""Peak memory one forward + backward with labels adds, chunked loss vs plain float32 logits.
+
+    python benchmarks/loss_memory.py [--vocab 128256 --batch 2 --seq 1024 --hidden 64 --device cpu]
+
+Each loss runs in a fresh process (so one's allocations cannot hide the other's): a Llama body
+of ``--layers`` x ``--hidden`` with a ``--vocab`` head, batch x seq tokens, fp32. "Adds" is the
+peak during forward + backward minus the memory in use just before it (model and inputs built):
+on CUDA ``max_memory_allocated``, on a CPU the kernel's peak resident set (VmHWM, reset first).
+It includes the gradients (the embedding and head gradients: 2 x vocab x hidden x 4 bytes).
+The plain loss is what ``RPTForCausalLM`` computed before: ``cross_entropy(logits.float())``
+over the whole batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+
+def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: int, device: str,
+            save_grads: str | None = None) -> dict:
+    """Run one forward + backward in this process; returns what it added to peak memory (MB).
+    ``save_grads``: also write the gradients there (after the measurement) for a comparison."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rpt.metrics import current_memory_mb, reset_cpu_peak
+    from rpt.model import RPTForCausalLM
+    from rpt.objective import make_rpt_batch
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=seq + 1)
+    model = RPTForCausalLM.from_base(LlamaForCausalLM(config), window=3).to(device).train()
+    rows = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    b = make_rpt_batch(rows, 3, 0.5, 0.02, generator=torch.Generator().manual_seed(2), num_inputs=seq).to(device)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
+    else:
+        before = current_memory_mb()
+        assert reset_cpu_peak(), "needs Linux /proc/self/clear_refs"
+    if loss == "chunked":
+        out = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids, labels=b.labels, kinds=b.kinds)
+        value = out.loss
+    else:
+        logits = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids).logits
+        value = F.cross_entropy(logits.float().reshape(-1, vocab), b.labels.reshape(-1))
+    value.backward()
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        from rpt.metrics import _proc_status_mb
+
+        peak = _proc_status_mb("VmHWM")
+    logits_mb = batch * seq * vocab * 4 / 2**20
+    if save_grads:
+        torch.save({n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}, save_grads)
+    return {"loss": loss, "added_mb": peak - before, "float32_logits_mb": logits_mb, "value": float(value.detach())}
+
+
+def run_in_subprocess(loss: str, args, save_grads: str | None = None) -> dict:
+    code = (f"import json, benchmarks.loss_memory as m; print(json.dumps(m.measure({loss!r}, {args.vocab}, {args.batch}, "
+            f"{args.seq}, {args.hidden}, {args.layers}, {args.device!r}, {save_grads!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", choices=["chunked", "plain"], default=None)
+    args = ap.parse_args()
+    import os
+    import tempfile
+
+    import torch
+
+    tmp = tempfile.mkdtemp()
+    results = [run_in_subprocess(loss, args, os.path.join(tmp, f"{loss}.pt"))
+               for loss in ("chunked", "plain") if args.only in (None, loss)]
+    print(f"V={args.vocab}, {args.batch} x {args.seq} tokens, Llama body {args.layers} x {args.hidden}, {args.device} fp32; "
+          f"float32 logits would be {results[0]['float32_logits_mb']:.0f} MB")
+    for r in results:
+        print(f"{r['loss']:>8} loss: adds {r['added_mb']:7.0f} MB to peak memory (loss {r['value']:.6f})")
+    if len(results) == 2:
+        print(f"chunked / plain = {results[0]['added_mb'] / results[1]['added_mb']:.3f}")
+        ours, ref = (torch.load(os.path.join(tmp, f"{n}.pt")) for n in ("chunked", "plain"))
+        worst = max(float((ours[k] - ref[k]).abs().max() / ref[k].abs().max().clamp(min=1e-30)) for k in ref)
+        rel_loss = abs(results[0]["value"] - results[1]["value"]) / abs(results[1]["value"])
+        print(f"loss relative difference {rel_loss:.2e}; largest gradient difference / largest gradient {worst:.2e}")
+    for n in os.listdir(tmp):
+        os.remove(os.path.join(tmp, n))
+    os.rmdir(tmp)
+
+
+if __name__ == "__main__":
+    main()

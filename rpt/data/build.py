@@ -1,0 +1,148 @@
+"""Config -> a run's training and validation data: the one place that picks the path.
+
+* text sources, not streamed  -> a token store, prepared once (by ``prepare_data.py`` or on the
+  fly, by the same writer) under ``cache_dir``, read by global sample index;
+* ``{tokens: DIR}``           -> that store, read the same way;
+* streamed text sources       -> training: this rank's stream packed in background workers;
+  validation: the first ``eval_batches x micro_batch_size`` chunks of the held-out stream,
+  written once to a token store, so every evaluation scores the same sequences.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from rpt.data.errors import DataError
+from rpt.data.packed import PackedStore, StoreBatches
+from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
+from rpt.data.token_store import INDEX, TokenStore, write_token_store
+from rpt.data.tokenizer import load_or_train_tokenizer, tokenizer_fingerprint
+
+SPLITS = ("train", "validation")
+
+
+def split_sources(cfg, split: str) -> tuple[Any, str | None]:
+    """The sources of ``split`` and which side of the held-out split to keep (None: all)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if cfg.val_data is None:
+        return cfg.data, split
+    return (cfg.data, None) if split == "train" else (cfg.val_data, None)
+
+
+def validation_chunks(cfg) -> int:
+    """How many chunks one evaluation reads."""
+    return cfg.eval_batches * cfg.micro_batch_size
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.md5(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def default_store_path(cfg, split: str, tokenizer, max_tokens: int | None = None) -> str:
+    """Where training looks for (and writes) the store of a text split: keyed by what shapes it."""
+    sources, holdout = split_sources(cfg, split)
+    mixture_seed = cfg.seed if len(as_list(sources)) > 1 else None  # interleaving draws from the seed
+    key = _key("store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
+               tokenizer_fingerprint(tokenizer), max_tokens)
+    return os.path.join(cfg.cache_dir, f"tokens-{split}-{key}")
+
+
+def _store_dir(sources: Any, split: str, holdout: str | None) -> str:
+    root = os.path.expanduser(str(as_list(sources)[0]["tokens"]))
+    if os.path.isfile(os.path.join(root, INDEX)):
+        if holdout == "validation":
+            raise DataError(f"token store {root} holds no held-out documents; set val_data: {{tokens: DIR}} "
+                            "(prepare_data.py --out writes DIR/train and DIR/validation) or eval_batches: 0")
+        return root
+    sub = os.path.join(root, split)
+    if os.path.isfile(os.path.join(sub, INDEX)):
+        return sub
+    raise DataError(f"{root} is not a token store (no {INDEX} in it or in {split}/); "
+                    "write one with `python prepare_data.py --config X.yaml --out DIR`")
+
+
+def build_tokenizer(cfg):
+    """The run's tokenizer: ``cfg.tokenizer`` (an id/path, or trained on the training text), the
+    model's, or -- training from a token store without a named one -- the store's own."""
+    sources, holdout = split_sources(cfg, "train")
+    if is_token_store(sources) and not isinstance(cfg.tokenizer, str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(os.path.join(_store_dir(sources, "train", holdout), "tokenizer"))
+    return load_or_train_tokenizer(
+        cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
+        fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None), holdout=holdout,
+    )
+
+
+def prepare_store(cfg, split: str, tokenizer, path: str | None = None, *, num_proc: int | None = None,
+                  max_tokens: int | None = None, progress: bool = True, log=print) -> str:
+    """Write the token store of a text split unless it exists; returns its path.
+
+    The one writer behind ``prepare_data.py`` and the on-the-fly preparation of small corpora.
+    """
+    sources, holdout = split_sources(cfg, split)
+    check_sources(sources, "data" if sources is cfg.data else "val_data")
+    if is_token_store(sources):
+        return _store_dir(sources, split, holdout)
+    path = path or default_store_path(cfg, split, tokenizer, max_tokens)
+    if os.path.isfile(os.path.join(path, INDEX)):
+        return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    meta = {"source": describe(sources), "split": split, "holdout": holdout,
+            "val_fraction": cfg.val_fraction if holdout else None, "max_tokens": max_tokens}
+    index = write_token_store(
+        path, documents(sources, holdout, cfg.val_fraction, cfg.seed), tokenizer,
+        num_proc=num_proc or cfg.tokenize_workers, max_tokens=max_tokens, meta=meta, progress=progress, desc=f"tokenizing {split}",
+    )
+    log(f"prepared {split}: {index['num_tokens']:,} tokens in {index['num_documents']:,} documents, "
+        f"{index['tokens_per_s']:,.0f} tokens/s with {index['num_proc']} process(es) -> {path}")
+    return path
+
+
+def open_store(cfg, split: str, tokenizer) -> TokenStore:
+    """The token store of ``split``, preparing it first when it is text (see the module doc)."""
+    sources, holdout = split_sources(cfg, split)
+    if is_token_store(sources):
+        store = TokenStore(_store_dir(sources, split, holdout))
+        store.check_tokenizer(tokenizer)
+        return store
+    max_tokens = None
+    if is_streaming(sources):  # a fixed validation set: the first chunks of the stream, once
+        max_tokens = validation_chunks(cfg) * (cfg.seq_len + 1)
+    return TokenStore(prepare_store(cfg, split, tokenizer, max_tokens=max_tokens, progress=False))
+
+
+def _stream_batches(cfg, tokenizer, rank: int, world_size: int):
+    from datasets.distributed import split_dataset_by_node
+
+    from rpt.data.streaming import PackedStream, StreamBatches
+
+    sources, holdout = split_sources(cfg, "train")
+    docs = documents(sources, holdout, cfg.val_fraction, cfg.seed)
+    if cfg.shuffle_buffer > 0:
+        docs = docs.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)  # same seed on every rank
+    if world_size > 1:
+        # Whole shards per rank when there are enough (each rank reads only its files); else
+        # every rank reads the stream and keeps one document in world_size.
+        strategy = "shards" if docs.num_shards >= world_size else "examples"
+        docs = split_dataset_by_node(docs, rank=rank, world_size=world_size, strategy=strategy)
+    return StreamBatches(PackedStream(docs, tokenizer, cfg.seq_len + 1), cfg.micro_batch_size, cfg.data_workers, rank)
+
+
+def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1):
+    """``split`` "validation": a :class:`PackedStore` (read with ``sequential``). ``split``
+    "train": a source of micro-batches, ``micro_batch(step, micro)`` plus ``state_dict`` /
+    ``load_state_dict`` -- :class:`StoreBatches` or, for streamed text, ``StreamBatches``."""
+    sources, _ = split_sources(cfg, split)
+    check_sources(sources, "data" if split == "train" or cfg.val_data is None else "val_data")
+    if split == "train" and is_streaming(sources) and not is_token_store(sources):
+        return _stream_batches(cfg, tokenizer, rank, world_size)
+    packed = PackedStore(open_store(cfg, split, tokenizer), cfg.seq_len + 1, cfg.seed)
+    if split == "validation":
+        return packed
+    return StoreBatches(packed, cfg.micro_batch_size, cfg.micro_batch_size * cfg.grad_accum * world_size)

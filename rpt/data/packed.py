@@ -1,0 +1,78 @@
+"""Fixed chunks of a token store, addressed by global sample index.
+
+Chunk ``c`` is tokens ``[c L, (c + 1) L)`` of the store (``L = seq_len + 1``: the inputs plus
+the last target; a trailing remainder shorter than ``L`` is never read). Global sample ``i`` of a
+run is chunk ``order(e, i mod N)`` of epoch ``e = i div N`` (:class:`ChunkOrder`): a pure
+function of the seed and ``i``, so a rank reads exactly its own micro-batches, a resumed run
+continues at the same sample in constant time, and memory does not depend on the corpus size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rpt.data.errors import DataError
+from rpt.data.order import ChunkOrder
+from rpt.data.token_store import TokenStore
+
+
+class PackedStore:
+    def __init__(self, store: TokenStore, chunk_len: int, seed: int):
+        self.store, self.chunk_len, self.seed = store, chunk_len, seed
+        self.num_chunks = store.num_tokens // chunk_len
+        if self.num_chunks == 0:
+            raise DataError(f"the token store {store.path} has {store.num_tokens} tokens, fewer than one chunk of "
+                            f"{chunk_len}; add data or lower seq_len")
+        self.order = ChunkOrder(self.num_chunks, seed)
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def chunk_ids(self, samples: Sequence[int]) -> np.ndarray:
+        samples = np.asarray(samples, dtype=np.int64)
+        epochs, places = np.divmod(samples, self.num_chunks)
+        out = np.empty_like(samples)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.order(int(e), places[sel])
+        return out
+
+    def _read(self, chunks: Sequence[int]) -> torch.Tensor:
+        rows = [self.store.read(int(c) * self.chunk_len, self.chunk_len) for c in chunks]
+        return torch.from_numpy(np.stack(rows)) if rows else torch.empty(0, self.chunk_len, dtype=torch.long)
+
+    def rows(self, samples: Sequence[int]) -> torch.Tensor:
+        """``[len(samples), chunk_len]`` int64 tokens of the given global sample indices."""
+        return self._read(self.chunk_ids(samples))
+
+    def sequential(self, count: int, start: int = 0) -> torch.Tensor:
+        """Chunks ``start .. start + count`` in store order (validation: the same every time)."""
+        return self._read(range(start, min(start + count, self.num_chunks)))
+
+
+class StoreBatches:
+    """The training loop's view of a :class:`PackedStore`: micro-batches by global index.
+
+    Step ``t`` (1-based) consumes samples ``[(t-1) B, t B)`` with ``B`` the global batch; its
+    global micro-batch ``j`` is the ``j``-th run of ``micro_batch_size`` samples in it. There is
+    no iterator state: a checkpoint only needs the step.
+    """
+
+    def __init__(self, packed: PackedStore, micro_batch_size: int, global_batch: int):
+        self.packed, self.micro_batch_size, self.global_batch = packed, micro_batch_size, global_batch
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def micro_batch(self, step: int, micro: int) -> torch.Tensor:
+        start = (step - 1) * self.global_batch + micro * self.micro_batch_size
+        return self.packed.rows(range(start, start + self.micro_batch_size))
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,103 @@
+"""Tokenizers: load or train one, and the one statement of how documents become tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from rpt.data.errors import DataError
+
+EOS_TOKEN = "<|endoftext|>"
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained with ``tokenizers``, as an HF fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS_TOKEN], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+
+
+def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: int, cache_dir: str | None,
+                            fallback: str | None, holdout: str | None = "train"):
+    """``spec``: an id/path, ``{"train_bpe": {"vocab_size": N}}``, or None (= ``fallback``, the model's).
+
+    A trained tokenizer sees only the ``holdout`` side of the held-out split (None: all of
+    ``sources``, when validation data is given separately) and is cached under ``cache_dir``.
+    """
+    from transformers import AutoTokenizer
+
+    if isinstance(spec, dict) and "train_bpe" in spec:
+        from rpt.data.sources import is_token_store, texts
+
+        if is_token_store(sources):
+            raise DataError("tokenizer {train_bpe: ...} needs text data, but data is a token store; "
+                            "set tokenizer to the store's tokenizer (see its index.json)")
+        vocab_size = int((spec["train_bpe"] or {}).get("vocab_size", 4096))
+        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = os.path.join(cache_dir or "runs/cache", f"tokenizer-{key}")
+        if not os.path.isdir(path):
+            tok = train_bpe_tokenizer(texts(sources, holdout, val_fraction, seed), vocab_size)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            tok.save_pretrained(tmp)
+            try:
+                os.rename(tmp, path)
+            except OSError:  # another process finished the same tokenizer first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return AutoTokenizer.from_pretrained(path)
+    name = spec if isinstance(spec, str) else fallback
+    if name is None:
+        raise DataError("no tokenizer: set tokenizer to an HF id / path or {train_bpe: {vocab_size: 4096}}")
+    return AutoTokenizer.from_pretrained(name)
+
+
+def backend_of(tokenizer):
+    """The Rust ``tokenizers.Tokenizer`` behind an HF fast tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise DataError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; use one with a tokenizer.json")
+    return backend
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    return hashlib.md5(backend_of(tokenizer).to_str().encode()).hexdigest()[:12]
+
+
+def eos_id(tokenizer) -> int:
+    if tokenizer.eos_token_id is None:
+        raise DataError("the tokenizer has no eos token; set one (tokenizer.eos_token) so documents can be separated")
+    return int(tokenizer.eos_token_id)
+
+
+def encode_documents(backend, texts: list[str], eos: int, dtype=np.int64) -> np.ndarray:
+    """The documents' tokens, each document followed by EOS, as one flat array.
+
+    The single definition of tokenisation: the token-store writer (in any number of processes)
+    and the streaming packer both call it, so a store and a stream of the same documents hold
+    the same tokens. ``add_special_tokens=False`` as in ``tokenizer(text, add_special_tokens=False)``.
+    """
+    # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not use.
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    encodings = encode(texts, add_special_tokens=False)
+    out = np.empty(sum(len(e.ids) + 1 for e in encodings), dtype=dtype)
+    at = 0
+    for e in encodings:
+        n = len(e.ids)
+        out[at : at + n] = e.ids
+        out[at + n] = eos
+        at += n + 1
+    return out

@@ -1,0 +1,123 @@
+"""The chunked linear cross-entropy against the plain float32 computation, and its memory."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rpt.loss import chunk_tokens, linear_cross_entropy
+from rpt.model import RPTForCausalLM
+from rpt.objective import make_rpt_batch
+from tests.tiny_models import tiny_gpt2, tiny_llama
+from tests.train_helpers import ROOT, env
+
+LLAMA3_VOCAB = 128256
+
+
+def losses_and_grads(model, batch, labels_path: bool):
+    model.zero_grad(set_to_none=True)
+    kw = dict(position_ids=batch.position_ids, offset_ids=batch.offset_ids)
+    if labels_path:
+        loss = model(batch.input_ids, labels=batch.labels, kinds=batch.kinds, **kw).loss
+    else:  # the plain float32 computation: whole-batch logits, then cross-entropy
+        logits = model(batch.input_ids, **kw).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_close(ours, ref, rel=1e-4):
+    (loss_a, grads_a), (loss_b, grads_b) = ours, ref
+    assert abs(loss_a.item() - loss_b.item()) <= rel * abs(loss_b.item())
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_b:
+        scale = grads_b[name].abs().max().clamp(min=1e-12)
+        assert (grads_a[name] - grads_b[name]).abs().max() <= rel * scale, name
+
+
+@pytest.mark.parametrize("tokens_per_chunk", [None, 7, 1])  # None: the default 32 MB budget
+def test_equals_plain_float32_at_llama3_vocabulary(tokens_per_chunk):
+    torch.manual_seed(0)
+    model = RPTForCausalLM.from_base(tiny_llama(vocab_size=LLAMA3_VOCAB), window=3).train()
+    with torch.no_grad():
+        model.offset_embedding.weight.normal_(std=0.1)
+    if tokens_per_chunk:
+        model.loss_chunk_bytes = 4 * LLAMA3_VOCAB * tokens_per_chunk
+    n = 64 if tokens_per_chunk == 1 else 128
+    rows = torch.randint(0, LLAMA3_VOCAB, (2, n + 1), generator=torch.Generator().manual_seed(1))
+    batch = make_rpt_batch(rows, 3, 1.0, 0.2, generator=torch.Generator().manual_seed(2), num_inputs=n)
+    batch.labels[0, :5] = -100  # ignored positions too
+    assert chunk_tokens(LLAMA3_VOCAB, model.loss_chunk_bytes) < 2 * n  # several chunks
+    assert_close(losses_and_grads(model, batch, True), losses_and_grads(model, batch, False))
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
+def test_one_chunk_path_equals_plain(build):
+    model = RPTForCausalLM.from_base(build(vocab_size=97), window=3).eval()  # no dropout: two passes must agree
+    rows = torch.randint(0, 97, (3, 41), generator=torch.Generator().manual_seed(3))
+    batch = make_rpt_batch(rows, 3, 0.5, 0.3, generator=torch.Generator().manual_seed(4), num_inputs=40)
+    assert_close(losses_and_grads(model, batch, True), losses_and_grads(model, batch, False))
+
+
+def test_bias_scale_and_softcap_match_autograd():
+    torch.manual_seed(0)
+    h = torch.randn(37, 16, dtype=torch.float64).float().requires_grad_()
+    w = (0.3 * torch.randn(50, 16)).requires_grad_()
+    b = torch.randn(50).requires_grad_()
+    y = torch.randint(0, 50, (37,))
+    y[3] = -100
+    for scale, cap in ((None, None), (0.7, None), (None, 2.0), (1.3, 1.5)):
+        for chunk in (5, 64):
+            ours = linear_cross_entropy(h, w, b, y, chunk, scale=scale, softcap=cap)
+            z = h @ w.t() + b
+            z = z * scale if scale else z
+            z = cap * torch.tanh(z / cap) if cap else z
+            ref = F.cross_entropy(z, y, reduction="none")
+            weights = torch.linspace(0.5, 2.0, 37)  # a non-uniform upstream gradient
+            ga = torch.autograd.grad((ours * weights).sum(), (h, w, b))
+            gb = torch.autograd.grad((ref * weights).sum(), (h, w, b))
+            assert torch.allclose(ours, ref, rtol=1e-5, atol=1e-6)
+            for a, r in zip(ga, gb):
+                assert (a - r).abs().max() <= 1e-5 * r.abs().max()
+
+
+def test_softcapped_model_matches_its_own_logits():
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma2Config"):
+        pytest.skip("no Gemma2 in this transformers")
+    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, final_logit_softcapping=5.0)
+    torch.manual_seed(0)
+    model = RPTForCausalLM.from_base(transformers.Gemma2ForCausalLM(cfg), window=3).train()
+    assert model.logit_transform() == (None, 5.0)
+    rows = torch.randint(0, 97, (2, 25), generator=torch.Generator().manual_seed(5))
+    batch = make_rpt_batch(rows, 3, 1.0, 0.3, generator=torch.Generator().manual_seed(6), num_inputs=24)
+    assert_close(losses_and_grads(model, batch, True), losses_and_grads(model, batch, False))
+
+
+def test_bf16_autocast_close_to_plain():
+    model = RPTForCausalLM.from_base(tiny_llama(vocab_size=500), window=3).train()
+    model.loss_chunk_bytes = 4 * 500 * 9
+    rows = torch.randint(0, 500, (2, 33), generator=torch.Generator().manual_seed(7))
+    batch = make_rpt_batch(rows, 3, 1.0, 0.3, generator=torch.Generator().manual_seed(8), num_inputs=32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = losses_and_grads(model, batch, True)
+        ref = losses_and_grads(model, batch, False)
+    assert_close(ours, ref, rel=3e-2)  # both round the head's product to bf16, in different orders
+
+
+def test_llama3_vocabulary_step_adds_at_most_a_quarter_of_the_float32_logits():
+    """One forward + backward with labels, V = 128256, 2 x 1024 tokens, a tiny body, in a fresh
+    process: what it adds to peak memory (gradients included) must stay under 250 MB, a quarter of
+    the 1 GB the float32 logits alone would take (benchmarks/loss_memory.py prints both losses)."""
+    code = ("import json, benchmarks.loss_memory as m; "
+            f"print(json.dumps(m.measure('chunked', {LLAMA3_VOCAB}, 2, 1024, 64, 2, 'cpu')))")
+    out = subprocess.run([sys.executable, "-c", code], env=env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["float32_logits_mb"] > 1000
+    assert result["added_mb"] <= 250, result
