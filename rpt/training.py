@@ -400,6 +400,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             if png:
                 print(f"wrote {png}")
         print(f"wrote {os.path.join(cfg.output_dir, 'final')} and {metrics_log.path}")
+    # Every rank tears the process group down together: a rank that destroys it (and exits)
+    # while rank 0 still writes files can abort rank 0's gloo threads at exit (seen in CI).
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return last
 
