@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -58,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@dataclasses.dataclass
-class TrainJob:
+class TrainJob(NamedTuple):
     config: str
     run_dir: Path
     overrides: list[str]
