@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="training seeds")
     parser.add_argument("--pretrain-steps", type=int, default=None, help="override the pretrain config's max_steps")
     parser.add_argument("--finetune-steps", type=int, default=None, help="override the fine-tune config's max_steps")
+    parser.add_argument("--finetune-config", default=FINETUNE_CONFIG,
+                        help="the RPT fine-tune's config (default %(default)s; the follow-up: "
+                             "configs/controlled_finetune_ptp_rich.yaml)")
     parser.add_argument("--contexts", type=int, default=ctl.Design.contexts, help="evaluation contexts")
     parser.add_argument("--source", default=None, help="an existing source directory (with --checkpoints)")
     parser.add_argument("--checkpoints", nargs="+", default=None, help="evaluate these RPT checkpoints only")
@@ -134,13 +137,15 @@ def prepare_source(work: Path, design: ctl.Design) -> ctl.SourceFiles:
 
 
 def train_seeds(work: Path, files: ctl.SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
-                parallel: int) -> list[tuple[int, str, Path]]:
+                parallel: int, finetune_config: str = FINETUNE_CONFIG) -> list[tuple[int, str, Path]]:
     """NTP pretraining, then the RPT fine-tune from it, per seed (seeds side by side)."""
     data = [f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}", f"cache_dir={files.dir}/cache"]
     pre = {s: TrainJob(PRETRAIN_CONFIG, work / f"pretrain_s{s}",
                        [f"tokenizer={files.tokenizer}", *data, f"seed={s}",
                         *([f"max_steps={pretrain_steps}"] if pretrain_steps else [])]) for s in seeds}
-    rpt = {s: TrainJob(FINETUNE_CONFIG, work / f"rpt_s{s}",
+    # The default fine-tune's runs are rpt_s<seed>; another config's are named after it.
+    name = "rpt" if finetune_config == FINETUNE_CONFIG else Path(finetune_config).stem
+    rpt = {s: TrainJob(finetune_config, work / f"{name}_s{s}",
                        [f"init_from={pre[s].final}", "tokenizer=null", *data, f"seed={s}",
                         *([f"max_steps={finetune_steps}"] if finetune_steps else [])]) for s in seeds}
     run_jobs(list(pre.values()), parallel)
@@ -229,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.out).resolve().parent
         files = prepare_source(work, design)
         hmm = hmm_lib.HMM.from_dict(json.loads(Path(files.hmm).read_text())["hmm"])
-        runs = train_seeds(work, files, args.seeds, args.pretrain_steps, args.finetune_steps, max(1, args.parallel))
+        runs = train_seeds(work, files, args.seeds, args.pretrain_steps, args.finetune_steps, max(1, args.parallel),
+                           args.finetune_config)
     t1 = time.perf_counter()
     summary = evaluate(design, hmm, runs)
     summary["seconds"] = {"prepare_and_train": t1 - t0, "evaluate": time.perf_counter() - t1}
