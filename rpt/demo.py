@@ -12,7 +12,10 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2).
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
 7. ``humaneval`` -- a few HumanEval prompts, NTP vs RPT + LZ, scored in the sandbox.
-8. ``report``   -- ``report.json`` and ``report.md`` with the tables and plots.
+8. ``controlled`` -- the controlled experiment (``eval/controlled.py``, docs/controlled_experiment.md):
+   a small model trained here on a hidden Markov model whose joints are known exactly; total
+   variation of its NTP (k = 0) and RPT (k = 1, 2) sampling laws to the truth, with intervals.
+9. ``report``   -- ``report.json`` and ``report.md`` with the tables and plots.
 
 Every number in the report is read from the files the stages wrote; nothing is made up.
 """
@@ -110,6 +113,30 @@ def _eval(script: str, out_json: Path, *args: str) -> dict:
     return json.loads(out_json.read_text())
 
 
+def _intervals(summary: dict) -> dict:
+    """Every interval an evaluation JSON carries (keys naming a CI / interval), for the report."""
+    return {k: v for k, v in summary.items() if any(t in k.lower() for t in ("ci95", "interval", "_ci"))}
+
+
+def controlled_summary(ce: dict) -> dict:
+    """The report's ``controlled_experiment``: metric, direction, k -> mean and 95% CI, the
+    interval of (k = 1) - (k = 0), and what Sec. 3 says explains the outcome."""
+    return {
+        "metric": ce["metric"],
+        "lower_is_better": ce["lower_is_better"],
+        "k": ce["k"],
+        "diff_ci95": ce["diff_ci95"],
+        "diff_mean": ce["diff_1_0"]["mean"],
+        "tv_by_iters": ce["tv_by_iters"],
+        "goal_reached": ce["goal_reached"],
+        "eps_p_over_eps_n": ce.get("eps_ratios", {}).get("prev_avg/next_avg"),
+        "kappa": ce.get("eps", {}).get("kappa"),
+        "contexts": ce["contexts"],
+        "seeds": ce["seeds"],
+        "design": "docs/controlled_experiment.md",
+    }
+
+
 def build_report(out: Path, stages: Stages, args) -> dict:
     r = stages.results
     rpt_eval, arf_eval = r["rpt"]["last_eval"], r["ar_f"]["last_eval"]
@@ -126,10 +153,12 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "frac_improved": ea["frac_improved"],
         "error_analysis_positions": ea["n_positions"],
         "error_analysis_estimator": ea.get("estimator"),
+        "error_analysis_intervals": _intervals(ea),
         "degenerate_rate": rep["degenerate_rate"],
         "repetition_settings": rep["settings"],
         "humaneval_pass@1": {name: res["pass@1"] for name, res in r["humaneval"].items()},
         "humaneval_problems": args.humaneval_limit,
+        "controlled_experiment": controlled_summary(r["controlled"]),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
     }
@@ -157,6 +186,8 @@ def render_markdown(rep: dict, out: Path) -> str:
         f"{rep['error_analysis_positions']} validation positions, estimator: {rep['error_analysis_estimator']}", "",
         markdown_table(["k", *rep["tv_by_iters"].keys()], [["TV", *[f(v) for v in rep["tv_by_iters"].values()]]]),
         f"Fraction of positions where p_1 > p_0: {f(rep['frac_improved'])}.", "",
+        *([f"Intervals (from the error analysis): `{json.dumps(rep['error_analysis_intervals'])}`", ""]
+          if rep.get("error_analysis_intervals") else []),
         "![error analysis](error_analysis.png)", "",
         "## Degenerate repetition, greedy decoding (LZ paper Fig. 2)", "",
         "Repetition / frequency: the best rate over each sweep; all settings below.", "",
@@ -167,10 +198,26 @@ def render_markdown(rep: dict, out: Path) -> str:
         "![repetition](repetition.png)", "",
         f"## HumanEval, first {rep['humaneval_problems']} problems, greedy (a model this small scores ~0; shown as measured)", "",
         markdown_table(["sampler", "pass@1"], [[k, f(v)] for k, v in rep["humaneval_pass@1"].items()]),
+        *_controlled_markdown(rep["controlled_experiment"]),
         "## Wall time per stage (s)", "",
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _controlled_markdown(ce: dict) -> list[str]:
+    ci = lambda c: f"[{c[0]:.4f}, {c[1]:.4f}]"  # noqa: E731
+    verdict = "yes" if ce["goal_reached"] else "no"
+    return [
+        f"## Controlled experiment: a source with a known truth ({ce['design']})", "",
+        f"Metric: {ce['metric']} (lower is better).", "",
+        markdown_table(["k", "mean TV", "95% CI"],
+                       [[k + (" (NTP)" if k == "0" else ""), f"{v['mean']:.4f}", ci(v["ci95"])] for k, v in ce["k"].items()]),
+        f"(k = 1) - (k = 0): {ce['diff_mean']:+.4f}, 95% CI {ci(ce['diff_ci95'])}. RPT closer to the truth with "
+        f"the interval excluding zero: **{verdict}**. Learned eps_p / eps_n = {ce['eps_p_over_eps_n']:.2f} "
+        f"(Sec. 3: RPT gains when it is small enough; kappa = {ce['kappa']:.2f}).", "",
+        "![controlled experiment](controlled/controlled.png)", "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--pretrain-steps", type=int, default=400)
     ap.add_argument("--finetune-steps", type=int, default=800)
-    ap.add_argument("--error-positions", type=int, default=1000)
+    ap.add_argument("--error-positions", type=int, default=2000)
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
     ap.add_argument("--humaneval-limit", type=int, default=8)
@@ -207,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"ntp": {"pass@1": ntp["pass@1"]}, "rpt_k1_lz": {"pass@1": rpt["pass@1"]}}
 
     stages("humaneval", humaneval)
+    stages("controlled", lambda: _eval("controlled.py", out / "controlled" / "controlled.json"))
     report = build_report(out, stages, args)
     print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
@@ -214,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     print("[demo] TV error by k: " + ", ".join(f"{k}: {v:.4f}" for k, v in report["tv_by_iters"].items())
           + f"; p_1 > p_0 at {report['frac_improved']:.3f} of positions")
     print("[demo] degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in report["degenerate_rate"].items()))
+    ce = report["controlled_experiment"]
+    print("[demo] controlled experiment, TV to the truth by k: " + ", ".join(f"{k}: {v['mean']:.4f}" for k, v in ce["k"].items())
+          + f"; (k=1)-(k=0) 95% CI [{ce['diff_ci95'][0]:+.4f}, {ce['diff_ci95'][1]:+.4f}]")
     print("[demo] HumanEval pass@1: " + ", ".join(f"{k} {v:.3f}" for k, v in report["humaneval_pass@1"].items()))
     print(f"[demo] wrote {out / 'report.json'} and {out / 'report.md'}")
     return 0
