@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--contexts", type=int, default=ctl.Design.contexts, help="evaluation contexts")
     parser.add_argument("--source", default=None, help="an existing source directory (with --checkpoints)")
     parser.add_argument("--checkpoints", nargs="+", default=None, help="evaluate these RPT checkpoints only")
+    parser.add_argument("--compare", nargs="*", default=[], metavar="LABEL=F.json",
+                        help="draw these earlier results' measured points on the plot too")
     parser.add_argument("--parallel", type=int, default=2, help="training runs side by side (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the evaluation")
     return parser
@@ -176,7 +178,7 @@ def evaluate(design: ctl.Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Pa
     return summary
 
 
-def write_outputs(out: str, summary: dict) -> list[Path]:
+def write_outputs(out: str, summary: dict, others: list[tuple[str, dict]] = ()) -> list[Path]:
     f = lambda x: f"{x:.4f}"  # noqa: E731
     ci = lambda c: f"[{c[0]:.4f}, {c[1]:.4f}]"  # noqa: E731
     rows = [[f"k = {k}" + (" (NTP)" if k == "0" else ""), f(v["mean"]), ci(v["ci95"])] for k, v in summary["k"].items()]
@@ -212,7 +214,7 @@ def write_outputs(out: str, summary: dict) -> list[Path]:
              f"{summary['diff_1_0']['mean']:+.4f}, 95% CI {ci(summary['diff_ci95'])}. Source: {summary['source']}.")
     paths = [write_json(out, summary),
              write_markdown(sibling(out, ".md"), "Controlled experiment: RPT vs NTP sampling against a known truth", tables, notes),
-             save_figure(ctl.plot(summary), sibling(out, ".png"))]
+             save_figure(ctl.plot(summary, others), sibling(out, ".png"))]
     return paths
 
 
@@ -223,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    others = []
+    for item in args.compare:
+        label, _, path = item.rpartition("=")
+        if not Path(path).is_file():
+            print(f"error: --compare {item}: {path} not found", file=sys.stderr)
+            return 2
+        others.append((label or Path(path).stem, json.loads(Path(path).read_text())))
     design = ctl.Design(contexts=args.contexts)
     t0 = time.perf_counter()
     if args.checkpoints:
@@ -239,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     t1 = time.perf_counter()
     summary = evaluate(design, hmm, runs)
     summary["seconds"] = {"prepare_and_train": t1 - t0, "evaluate": time.perf_counter() - t1}
-    paths = write_outputs(args.out, summary)
+    paths = write_outputs(args.out, summary, others)
     print(Path(paths[1]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

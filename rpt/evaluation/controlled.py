@@ -470,10 +470,10 @@ def summarise(design: Design, runs: Sequence[dict], theory: dict, stats: dict) -
 
 
 # ---- plot --------------------------------------------------------------------------------------------
-def plot(summary: dict) -> Figure:
+def plot(summary: dict, others: Sequence[tuple[str, dict]] = ()) -> Figure:
     """Left: mean TV to the truth by RPT iteration (95% intervals), pooled and per seed. Right: the
     Sec. 3 noise-model prediction for this source (TV_1 / TV_0 against the measured eps_p / eps_n)
-    with the trained models' measured points."""
+    with the trained models' measured points, and those of ``others`` (label, summary) runs."""
     fig = Figure(figsize=(11, 4))
     ax, bx = fig.subplots(1, 2)
     ks = sorted(summary["k"], key=int)
@@ -494,10 +494,12 @@ def plot(summary: dict) -> Figure:
     theory = summary["theory"]["curve"]
     bx.plot([t["measured_ratio"] for t in theory], [t["tv1_over_tv0"] for t in theory], "s-", color="tab:orange",
             label=f"Sec. 3 noise model on this source (eps_n = {summary['theory']['eps_n']})")
-    for i, run in enumerate(summary["per_seed"]):
-        r = run["eps_ratios"]["prev_avg/next_avg"]
-        bx.plot([r], [run["k"]["1"]["mean"] / run["k"]["0"]["mean"]], "o", color="tab:blue",
-                label="trained model (per seed)" if i == 0 else None)
+    colors = ("tab:blue", "tab:green", "tab:red", "tab:purple")
+    for (label, s), color in zip([("this run", summary), *others], colors):
+        for i, run in enumerate(s["per_seed"]):
+            r = run["eps_ratios"]["prev_avg/next_avg"]
+            bx.plot([r], [run["k"]["1"]["mean"] / run["k"]["0"]["mean"]], "o", color=color,
+                    label=f"{label} (per seed)" if i == 0 else None)
     bx.axhline(1.0, color="black", linestyle="--", linewidth=1)
     bx.set_xlabel("eps_p / eps_n (true-law-weighted row TV errors of PTP and NTP)")
     bx.set_ylabel("TV_1 / TV_0 (below 1: RPT closer to the truth)")
