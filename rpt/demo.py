@@ -159,6 +159,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "humaneval_pass@1": {name: res["pass@1"] for name, res in r["humaneval"].items()},
         "humaneval_problems": args.humaneval_limit,
         "controlled_experiment": controlled_summary(r["controlled"]),
+        **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
     }
@@ -199,24 +200,26 @@ def render_markdown(rep: dict, out: Path) -> str:
         f"## HumanEval, first {rep['humaneval_problems']} problems, greedy (a model this small scores ~0; shown as measured)", "",
         markdown_table(["sampler", "pass@1"], [[k, f(v)] for k, v in rep["humaneval_pass@1"].items()]),
         *_controlled_markdown(rep["controlled_experiment"]),
+        *(_controlled_markdown(rep["controlled_followup"], "the follow-up with a 10x PTP budget", "followup")
+          if "controlled_followup" in rep else []),
         "## Wall time per stage (s)", "",
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]
     return "\n".join(lines) + "\n"
 
 
-def _controlled_markdown(ce: dict) -> list[str]:
+def _controlled_markdown(ce: dict, what: str = "a source with a known truth", name: str = "controlled") -> list[str]:
     ci = lambda c: f"[{c[0]:.4f}, {c[1]:.4f}]"  # noqa: E731
     verdict = "yes" if ce["goal_reached"] else "no"
     return [
-        f"## Controlled experiment: a source with a known truth ({ce['design']})", "",
+        f"## Controlled experiment: {what} ({ce['design']})", "",
         f"Metric: {ce['metric']} (lower is better).", "",
         markdown_table(["k", "mean TV", "95% CI"],
                        [[k + (" (NTP)" if k == "0" else ""), f"{v['mean']:.4f}", ci(v["ci95"])] for k, v in ce["k"].items()]),
         f"(k = 1) - (k = 0): {ce['diff_mean']:+.4f}, 95% CI {ci(ce['diff_ci95'])}. RPT closer to the truth with "
         f"the interval excluding zero: **{verdict}**. Learned eps_p / eps_n = {ce['eps_p_over_eps_n']:.2f} "
         f"(Sec. 3: RPT gains when it is small enough; kappa = {ce['kappa']:.2f}).", "",
-        "![controlled experiment](controlled/controlled.png)", "",
+        f"![controlled experiment](controlled/{name}.png)", "",
     ]
 
 
@@ -229,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
     ap.add_argument("--humaneval-limit", type=int, default=8)
+    ap.add_argument("--controlled-followup", action="store_true",
+                    help="also run the controlled experiment's follow-up (docs/controlled_experiment.md)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     stages = Stages(out)
@@ -255,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
 
     stages("humaneval", humaneval)
     stages("controlled", lambda: _eval("controlled.py", out / "controlled" / "controlled.json"))
+    if args.controlled_followup:  # the pre-registered follow-up (10x PTP budget); ~2 more minutes
+        stages("controlled_followup", lambda: _eval(
+            "controlled.py", out / "controlled" / "followup.json",
+            "--finetune-config", "configs/controlled_finetune_ptp_rich.yaml",
+            "--compare", f"primary design={out / 'controlled' / 'controlled.json'}"))
     report = build_report(out, stages, args)
     print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
