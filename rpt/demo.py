@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +55,35 @@ def _run(cmd: list[str], threads: int | None = None) -> None:
         raise SystemExit(f"demo stage failed (exit {res.returncode}): {' '.join(cmd)}")
 
 
+class Background:
+    """A stage run as a subprocess beside the following ones: the evaluation stages use one thread,
+    so the second core would idle. Its output goes to a log file; ``wait`` returns the JSON it wrote
+    and its own wall time."""
+
+    def __init__(self, cmd: list[str], out_json: Path, threads: int | None):
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        self.cmd, self.out_json, self.log_path = cmd, out_json, out_json.with_suffix(".log")
+        print("$ " + " ".join(cmd) + f"  (in the background, output in {self.log_path})", flush=True)
+        self.t0 = time.perf_counter()
+        self.log = open(self.log_path, "w")
+        # Its own process group: if the demo stops early, stop() ends the run and its training children.
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(threads), stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait()
+        self.log.close()
+
+    def wait(self) -> tuple[Any, float]:
+        code = self.proc.wait()
+        self.log.close()
+        if code != 0:
+            raise SystemExit(f"demo stage failed (exit {code}): {' '.join(self.cmd)}; see {self.log_path}")
+        return json.loads(self.out_json.read_text()), time.perf_counter() - self.t0
+
+
 class Stages:
     """Runs named stages once; results and wall times persist in ``<out>/stages``."""
 
@@ -63,19 +93,40 @@ class Stages:
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}
 
-    def __call__(self, name: str, fn) -> Any:
+    def _cached(self, name: str) -> bool:
         path = self.dir / f"{name}.json"
-        if path.exists():
-            saved = json.loads(path.read_text())
-            print(f"[demo] {name}: cached ({saved['seconds']:.0f} s when it ran)", flush=True)
-        else:
-            print(f"\n[demo] ===== {name} =====", flush=True)
-            t0 = time.perf_counter()
-            result = fn()
-            saved = {"result": result, "seconds": time.perf_counter() - t0}
-            write_json(path, saved)
+        if not path.exists():
+            return False
+        saved = json.loads(path.read_text())
+        print(f"[demo] {name}: cached ({saved['seconds']:.0f} s when it ran)", flush=True)
         self.results[name], self.seconds[name] = saved["result"], saved["seconds"]
-        return saved["result"]
+        return True
+
+    def _save(self, name: str, result: Any, seconds: float) -> Any:
+        write_json(self.dir / f"{name}.json", {"result": result, "seconds": seconds})
+        self.results[name], self.seconds[name] = result, seconds
+        return result
+
+    def __call__(self, name: str, fn) -> Any:
+        if self._cached(name):
+            return self.results[name]
+        print(f"\n[demo] ===== {name} =====", flush=True)
+        t0 = time.perf_counter()
+        result = fn()
+        return self._save(name, result, time.perf_counter() - t0)
+
+    def start(self, name: str, cmd: list[str], out_json: Path, threads: int | None = None) -> Background | None:
+        """Start stage ``name`` in the background unless it is cached; :meth:`finish` collects it."""
+        if (self.dir / f"{name}.json").exists():
+            return None
+        print(f"\n[demo] ===== {name} (started in the background) =====", flush=True)
+        return Background(cmd, out_json, threads)
+
+    def finish(self, name: str, pending: Background | None) -> Any:
+        if pending is None and self._cached(name):
+            return self.results[name]
+        print(f"\n[demo] ===== {name}: waiting for the background run =====", flush=True)
+        return self._save(name, *pending.wait())
 
 
 def _train(out: Path, name: str, config: str, steps: int, *overrides: str) -> dict:
@@ -148,7 +199,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "ntp_loss": rpt_eval["eval_ntp_loss"],
         "ar_f_ntp_loss": arf_eval["eval_ntp_loss"],
         "ar_c_ntp_loss": r["ar_c"]["last_eval"]["eval_ntp_loss"],
-        "ptp_loss": [rpt_eval[f"eval_ptp_loss_{k}"] for k in (1, 2)],
+        "ptp_loss": [rpt_eval.get(f"eval_ptp_loss_{k}") for k in (1, 2)],  # PTP-2: None when w = 2
         "tv_by_iters": ea["tv_by_iters"],
         "frac_improved": ea["frac_improved"],
         "error_analysis_positions": ea["n_positions"],
@@ -162,6 +213,9 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
+        # The wall time of the invocation that wrote this report (cached stages cost ~0 here; the
+        # controlled stage overlaps the evaluation stages, so this is below the sum above).
+        "wall_seconds": getattr(args, "wall_seconds", None),
     }
     write_json(out / "report.json", report)
     (out / "report.md").write_text(render_markdown(report, out))
@@ -169,10 +223,12 @@ def build_report(out: Path, stages: Stages, args) -> dict:
 
 
 def render_markdown(rep: dict, out: Path) -> str:
-    f = lambda x: f"{x:.4f}" if isinstance(x, float) else str(x)  # noqa: E731
+    f = lambda x: f"{x:.4f}" if isinstance(x, float) else ("" if x is None else str(x))  # noqa: E731
     lines = [
         "# RPT demo report", "",
-        f"Machine: {rep['machine']}. Total wall time {rep['total_seconds'] / 60:.1f} min. "
+        f"Machine: {rep['machine']}. Stage wall times add up to {rep['total_seconds'] / 60:.1f} min"
+        + (f"; this invocation took {rep['wall_seconds'] / 60:.1f} min (the controlled stage runs beside the "
+           "evaluation stages). " if rep.get("wall_seconds") else ". ") +
         f"Corpus: {rep['corpus']['stdlib_files']} stdlib files ({rep['corpus']['train_tokens']:,} train / "
         f"{rep['corpus']['validation_tokens']:,} validation tokens), BPE vocabulary {rep['corpus']['vocab_size']}.", "",
         "## Validation losses (nats/token; the paper's Fig. 5 and its \"NTP barely changes\" claim)", "",
@@ -223,6 +279,23 @@ def _controlled_markdown(ce: dict, what: str = "a source with a known truth", na
     ]
 
 
+def _evaluations(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
+    """Error analysis, repetition and HumanEval on the RPT model (one thread each)."""
+    stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", "--checkpoint", rpt_ckpt,
+                                           "--limit", str(args.error_positions)))
+    stages("repetition", lambda: _eval("repetition.py", out / "repetition.json", "--checkpoint", rpt_ckpt,
+                                       "--limit", str(args.repetition_prompts),
+                                       "--max-new-tokens", str(args.repetition_tokens), "--batch-size", "16"))
+
+    def humaneval() -> dict:
+        common_he = ["--checkpoint", rpt_ckpt, "--limit", str(args.humaneval_limit), "--max-new-tokens", "128"]
+        ntp = _eval("humaneval.py", out / "humaneval_ntp.json", *common_he, "--rpt-iters", "0")
+        rpt = _eval("humaneval.py", out / "humaneval_rpt_lz.json", *common_he, "--rpt-iters", "1", "--lz-penalty", "0.15")
+        return {"ntp": {"pass@1": ntp["pass@1"]}, "rpt_k1_lz": {"pass@1": rpt["pass@1"]}}
+
+    stages("humaneval", humaneval)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
@@ -246,29 +319,28 @@ def main(argv: list[str] | None = None) -> int:
                                   "lr=2e-3", "warmup_steps=20", "eval_every=200"))
     stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
     rpt_ckpt = stages.results["rpt"]["final"]
-    stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", "--checkpoint", rpt_ckpt,
-                                           "--limit", str(args.error_positions)))
-    stages("repetition", lambda: _eval("repetition.py", out / "repetition.json", "--checkpoint", rpt_ckpt,
-                                       "--limit", str(args.repetition_prompts),
-                                       "--max-new-tokens", str(args.repetition_tokens), "--batch-size", "16"))
-
-    def humaneval() -> dict:
-        common_he = ["--checkpoint", rpt_ckpt, "--limit", str(args.humaneval_limit), "--max-new-tokens", "128"]
-        ntp = _eval("humaneval.py", out / "humaneval_ntp.json", *common_he, "--rpt-iters", "0")
-        rpt = _eval("humaneval.py", out / "humaneval_rpt_lz.json", *common_he, "--rpt-iters", "1", "--lz-penalty", "0.15")
-        return {"ntp": {"pass@1": ntp["pass@1"]}, "rpt_k1_lz": {"pass@1": rpt["pass@1"]}}
-
-    stages("humaneval", humaneval)
-    stages("controlled", lambda: _eval("controlled.py", out / "controlled" / "controlled.json"))
+    # The controlled experiment trains its own small models: start it now, beside the one-thread
+    # evaluations below (its two training runs take one thread each).
+    controlled_json = out / "controlled" / "controlled.json"
+    pending = stages.start("controlled", [sys.executable, "eval/controlled.py", "--out", str(controlled_json)],
+                           controlled_json, threads=1)
+    try:
+        _evaluations(out, stages, args, rpt_ckpt)
+        stages.finish("controlled", pending)
+    finally:
+        if pending is not None:
+            pending.stop()  # a no-op once it finished; ends it if an evaluation stage failed
     if args.controlled_followup:  # the pre-registered follow-up (10x PTP budget); ~2 more minutes
         stages("controlled_followup", lambda: _eval(
             "controlled.py", out / "controlled" / "followup.json",
             "--finetune-config", "configs/controlled_finetune_ptp_rich.yaml",
             "--compare", f"primary design={out / 'controlled' / 'controlled.json'}"))
+    args.wall_seconds = time.perf_counter() - t0
     report = build_report(out, stages, args)
-    print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min)")
+    print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min; "
+          "the controlled stage overlaps the evaluation stages)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
-          f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]:.4f}")
+          f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]}")
     print("[demo] TV error by k: " + ", ".join(f"{k}: {v:.4f}" for k, v in report["tv_by_iters"].items())
           + f"; p_1 > p_0 at {report['frac_improved']:.3f} of positions")
     print("[demo] degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in report["degenerate_rate"].items()))

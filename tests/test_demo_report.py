@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import sys
+import time
 
 from rpt import demo
 
@@ -49,3 +53,39 @@ def test_report_carries_the_controlled_experiment_and_the_intervals(tmp_path):
     assert saved["tv_by_iters"] == {"0": 0.79, "1": 0.78}
     md = (tmp_path / "report.md").read_text()
     assert "Controlled experiment" in md and "[-0.0110, -0.0090]" in md and "controlled/controlled.png" in md
+
+
+def test_background_stage_is_collected_once_and_cached(tmp_path):
+    stages = demo.Stages(tmp_path)
+    out_json = tmp_path / "bg" / "result.json"
+    cmd = [sys.executable, "-c", f"import json; json.dump({{'x': 1}}, open({str(out_json)!r}, 'w'))"]
+    pending = stages.start("bg", cmd, out_json)
+    assert stages.finish("bg", pending) == {"x": 1}
+    assert stages.start("bg", cmd, out_json) is None  # cached: not started again
+    again = demo.Stages(tmp_path)
+    assert again.finish("bg", None) == {"x": 1} and again.seconds["bg"] == stages.seconds["bg"]
+
+
+def test_background_stage_stops_with_its_children(tmp_path):
+    """A demo that fails early must not leave the background run (or what it started) behind."""
+    stages = demo.Stages(tmp_path)
+    pid_file = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    pending = stages.start("bg", [sys.executable, "-c", script], tmp_path / "never.json")
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    pending.stop()
+    assert pending.proc.returncode is not None
+    for _ in range(100):  # the grandchild got SIGTERM with the group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the background stage's child survived stop()")
