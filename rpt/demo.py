@@ -7,7 +7,7 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 1. ``corpus``   -- the Python standard library of this interpreter, split by file; a BPE tokenizer.
 2. ``ar_c``     -- pretrain a tiny Llama with NTP (the paper's AR-C).
 3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, separately, fine-tune with the RPT
-   objective (w = 3, s = 0.5, q scaled to the 128-token sequences).
+   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr).
 4. ``losses``   -- validation NTP loss of AR-F and of the RPT model, PTP-1 / PTP-2 of the RPT model.
 5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2).
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--finetune-steps", type=int, default=800)
+    ap.add_argument("--finetune-steps", type=int, default=1000)
     ap.add_argument("--error-positions", type=int, default=2000)
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps))
     common = (f"init_from={ar_c['final']}", "tokenizer=null")
     stages("ar_f", lambda: _train(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                                  "lr=2e-3", "warmup_steps=20", "eval_every=200"))
+                                  "lr=3e-3", "warmup_steps=20", "eval_every=200"))  # = the fine-tune's lr
     stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
     rpt_ckpt = stages.results["rpt"]["final"]
     # The controlled experiment trains its own small models: start it now, beside the one-thread
