@@ -7,12 +7,15 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 1. ``corpus``   -- the Python standard library of this interpreter, split by file; a BPE tokenizer.
 2. ``ar_c``     -- pretrain a tiny Llama with NTP (the paper's AR-C).
 3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, separately, fine-tune with the RPT
-   objective (w = 3, s = 0.5, q scaled to the 128-token sequences).
+   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr).
 4. ``losses``   -- validation NTP loss of AR-F and of the RPT model, PTP-1 / PTP-2 of the RPT model.
 5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2).
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
 7. ``humaneval`` -- a few HumanEval prompts, NTP vs RPT + LZ, scored in the sandbox.
-8. ``report``   -- ``report.json`` and ``report.md`` with the tables and plots.
+8. ``controlled`` -- the controlled experiment (``eval/controlled.py``, docs/controlled_experiment.md):
+   a small model trained here on a hidden Markov model whose joints are known exactly; total
+   variation of its NTP (k = 0) and RPT (k = 1, 2) sampling laws to the truth, with intervals.
+9. ``report``   -- ``report.json`` and ``report.md`` with the tables and plots.
 
 Every number in the report is read from the files the stages wrote; nothing is made up.
 """
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +55,35 @@ def _run(cmd: list[str], threads: int | None = None) -> None:
         raise SystemExit(f"demo stage failed (exit {res.returncode}): {' '.join(cmd)}")
 
 
+class Background:
+    """A stage run as a subprocess beside the following ones: the evaluation stages use one thread,
+    so the second core would idle. Its output goes to a log file; ``wait`` returns the JSON it wrote
+    and its own wall time."""
+
+    def __init__(self, cmd: list[str], out_json: Path, threads: int | None):
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        self.cmd, self.out_json, self.log_path = cmd, out_json, out_json.with_suffix(".log")
+        print("$ " + " ".join(cmd) + f"  (in the background, output in {self.log_path})", flush=True)
+        self.t0 = time.perf_counter()
+        self.log = open(self.log_path, "w")
+        # Its own process group: if the demo stops early, stop() ends the run and its training children.
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(threads), stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait()
+        self.log.close()
+
+    def wait(self) -> tuple[Any, float]:
+        code = self.proc.wait()
+        self.log.close()
+        if code != 0:
+            raise SystemExit(f"demo stage failed (exit {code}): {' '.join(self.cmd)}; see {self.log_path}")
+        return json.loads(self.out_json.read_text()), time.perf_counter() - self.t0
+
+
 class Stages:
     """Runs named stages once; results and wall times persist in ``<out>/stages``."""
 
@@ -60,19 +93,40 @@ class Stages:
         self.results: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}
 
-    def __call__(self, name: str, fn) -> Any:
+    def _cached(self, name: str) -> bool:
         path = self.dir / f"{name}.json"
-        if path.exists():
-            saved = json.loads(path.read_text())
-            print(f"[demo] {name}: cached ({saved['seconds']:.0f} s when it ran)", flush=True)
-        else:
-            print(f"\n[demo] ===== {name} =====", flush=True)
-            t0 = time.perf_counter()
-            result = fn()
-            saved = {"result": result, "seconds": time.perf_counter() - t0}
-            write_json(path, saved)
+        if not path.exists():
+            return False
+        saved = json.loads(path.read_text())
+        print(f"[demo] {name}: cached ({saved['seconds']:.0f} s when it ran)", flush=True)
         self.results[name], self.seconds[name] = saved["result"], saved["seconds"]
-        return saved["result"]
+        return True
+
+    def _save(self, name: str, result: Any, seconds: float) -> Any:
+        write_json(self.dir / f"{name}.json", {"result": result, "seconds": seconds})
+        self.results[name], self.seconds[name] = result, seconds
+        return result
+
+    def __call__(self, name: str, fn) -> Any:
+        if self._cached(name):
+            return self.results[name]
+        print(f"\n[demo] ===== {name} =====", flush=True)
+        t0 = time.perf_counter()
+        result = fn()
+        return self._save(name, result, time.perf_counter() - t0)
+
+    def start(self, name: str, cmd: list[str], out_json: Path, threads: int | None = None) -> Background | None:
+        """Start stage ``name`` in the background unless it is cached; :meth:`finish` collects it."""
+        if (self.dir / f"{name}.json").exists():
+            return None
+        print(f"\n[demo] ===== {name} (started in the background) =====", flush=True)
+        return Background(cmd, out_json, threads)
+
+    def finish(self, name: str, pending: Background | None) -> Any:
+        if pending is None and self._cached(name):
+            return self.results[name]
+        print(f"\n[demo] ===== {name}: waiting for the background run =====", flush=True)
+        return self._save(name, *pending.wait())
 
 
 def _train(out: Path, name: str, config: str, steps: int, *overrides: str) -> dict:
@@ -109,6 +163,30 @@ def _eval(script: str, out_json: Path, *args: str) -> dict:
     return json.loads(out_json.read_text())
 
 
+def _intervals(summary: dict) -> dict:
+    """Every interval an evaluation JSON carries (keys naming a CI / interval), for the report."""
+    return {k: v for k, v in summary.items() if any(t in k.lower() for t in ("ci95", "interval", "_ci"))}
+
+
+def controlled_summary(ce: dict) -> dict:
+    """The report's ``controlled_experiment``: metric, direction, k -> mean and 95% CI, the
+    interval of (k = 1) - (k = 0), and what Sec. 3 says explains the outcome."""
+    return {
+        "metric": ce["metric"],
+        "lower_is_better": ce["lower_is_better"],
+        "k": ce["k"],
+        "diff_ci95": ce["diff_ci95"],
+        "diff_mean": ce["diff_1_0"]["mean"],
+        "tv_by_iters": ce["tv_by_iters"],
+        "goal_reached": ce["goal_reached"],
+        "eps_p_over_eps_n": ce.get("eps_ratios", {}).get("prev_avg/next_avg"),
+        "kappa": ce.get("eps", {}).get("kappa"),
+        "contexts": ce["contexts"],
+        "seeds": ce["seeds"],
+        "design": "docs/controlled_experiment.md",
+    }
+
+
 def build_report(out: Path, stages: Stages, args) -> dict:
     r = stages.results
     rpt_eval, arf_eval = r["rpt"]["last_eval"], r["ar_f"]["last_eval"]
@@ -120,17 +198,23 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "ntp_loss": rpt_eval["eval_ntp_loss"],
         "ar_f_ntp_loss": arf_eval["eval_ntp_loss"],
         "ar_c_ntp_loss": r["ar_c"]["last_eval"]["eval_ntp_loss"],
-        "ptp_loss": [rpt_eval[f"eval_ptp_loss_{k}"] for k in (1, 2)],
+        "ptp_loss": [rpt_eval.get(f"eval_ptp_loss_{k}") for k in (1, 2)],  # PTP-2: None when w = 2
         "tv_by_iters": ea["tv_by_iters"],
         "frac_improved": ea["frac_improved"],
         "error_analysis_positions": ea["n_positions"],
         "error_analysis_estimator": ea.get("estimator"),
+        "error_analysis_intervals": _intervals(ea),
         "degenerate_rate": rep["degenerate_rate"],
         "repetition_settings": rep["settings"],
         "humaneval_pass@1": {name: res["pass@1"] for name, res in r["humaneval"].items()},
         "humaneval_problems": args.humaneval_limit,
+        "controlled_experiment": controlled_summary(r["controlled"]),
+        **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
+        # The wall time of the invocation that wrote this report (cached stages cost ~0 here; the
+        # controlled stage overlaps the evaluation stages, so this is below the sum above).
+        "wall_seconds": getattr(args, "wall_seconds", None),
     }
     write_json(out / "report.json", report)
     (out / "report.md").write_text(render_markdown(report, out))
@@ -138,10 +222,12 @@ def build_report(out: Path, stages: Stages, args) -> dict:
 
 
 def render_markdown(rep: dict, out: Path) -> str:
-    f = lambda x: f"{x:.4f}" if isinstance(x, float) else str(x)  # noqa: E731
+    f = lambda x: f"{x:.4f}" if isinstance(x, float) else ("" if x is None else str(x))  # noqa: E731
     lines = [
         "# RPT demo report", "",
-        f"Machine: {rep['machine']}. Total wall time {rep['total_seconds'] / 60:.1f} min. "
+        f"Machine: {rep['machine']}. Stage wall times add up to {rep['total_seconds'] / 60:.1f} min"
+        + (f"; this invocation took {rep['wall_seconds'] / 60:.1f} min (the controlled stage runs beside the "
+           "evaluation stages). " if rep.get("wall_seconds") else ". ") +
         f"Corpus: {rep['corpus']['stdlib_files']} stdlib files ({rep['corpus']['train_tokens']:,} train / "
         f"{rep['corpus']['validation_tokens']:,} validation tokens), BPE vocabulary {rep['corpus']['vocab_size']}.", "",
         "## Validation losses (nats/token; the paper's Fig. 5 and its \"NTP barely changes\" claim)", "",
@@ -156,6 +242,8 @@ def render_markdown(rep: dict, out: Path) -> str:
         f"{rep['error_analysis_positions']} validation positions, estimator: {rep['error_analysis_estimator']}", "",
         markdown_table(["k", *rep["tv_by_iters"].keys()], [["TV", *[f(v) for v in rep["tv_by_iters"].values()]]]),
         f"Fraction of positions where p_1 > p_0: {f(rep['frac_improved'])}.", "",
+        *([f"Intervals (from the error analysis): `{json.dumps(rep['error_analysis_intervals'])}`", ""]
+          if rep.get("error_analysis_intervals") else []),
         "![error analysis](error_analysis.png)", "",
         "## Degenerate repetition, greedy decoding (LZ paper Fig. 2)", "",
         "Repetition / frequency: the best rate over each sweep; all settings below.", "",
@@ -166,33 +254,32 @@ def render_markdown(rep: dict, out: Path) -> str:
         "![repetition](repetition.png)", "",
         f"## HumanEval, first {rep['humaneval_problems']} problems, greedy (a model this small scores ~0; shown as measured)", "",
         markdown_table(["sampler", "pass@1"], [[k, f(v)] for k, v in rep["humaneval_pass@1"].items()]),
+        *_controlled_markdown(rep["controlled_experiment"]),
+        *(_controlled_markdown(rep["controlled_followup"], "the follow-up with a 10x PTP budget", "followup")
+          if "controlled_followup" in rep else []),
         "## Wall time per stage (s)", "",
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="runs/demo")
-    ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--finetune-steps", type=int, default=800)
-    ap.add_argument("--error-positions", type=int, default=1000)
-    ap.add_argument("--repetition-prompts", type=int, default=32)
-    ap.add_argument("--repetition-tokens", type=int, default=192)
-    ap.add_argument("--humaneval-limit", type=int, default=8)
-    args = ap.parse_args(argv)
-    out = Path(args.out)
-    stages = Stages(out)
-    t0 = time.perf_counter()
+def _controlled_markdown(ce: dict, what: str = "a source with a known truth", name: str = "controlled") -> list[str]:
+    ci = lambda c: f"[{c[0]:.4f}, {c[1]:.4f}]"  # noqa: E731
+    verdict = "yes" if ce["goal_reached"] else "no"
+    return [
+        f"## Controlled experiment: {what} ({ce['design']})", "",
+        f"Metric: {ce['metric']} (lower is better).", "",
+        markdown_table(["k", "mean TV", "95% CI"],
+                       [[k + (" (NTP)" if k == "0" else ""), f"{v['mean']:.4f}", ci(v["ci95"])] for k, v in ce["k"].items()]),
+        f"(k = 1) - (k = 0): {ce['diff_mean']:+.4f}, 95% CI {ci(ce['diff_ci95'])}. RPT closer to the truth with "
+        f"the interval excluding zero: **{verdict}**. Learned eps_p / eps_n = {ce['eps_p_over_eps_n']:.2f} "
+        f"(Sec. 3: RPT gains when it is small enough; kappa = {ce['kappa']:.2f}).", "",
+        f"![controlled experiment](controlled/{name}.png)", "",
+    ]
 
-    stages("corpus", lambda: _corpus(out))
-    ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps))
-    common = (f"init_from={ar_c['final']}", "tokenizer=null")
-    stages("ar_f", lambda: _train(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                                  "lr=2e-3", "warmup_steps=20", "eval_every=200"))
-    stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
-    rpt_ckpt = stages.results["rpt"]["final"]
+
+def _evaluations(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
+    """Error analysis, repetition and HumanEval on the RPT model (one thread each)."""
     stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", "--checkpoint", rpt_ckpt,
                                            "--limit", str(args.error_positions)))
     stages("repetition", lambda: _eval("repetition.py", out / "repetition.json", "--checkpoint", rpt_ckpt,
@@ -206,13 +293,59 @@ def main(argv: list[str] | None = None) -> int:
         return {"ntp": {"pass@1": ntp["pass@1"]}, "rpt_k1_lz": {"pass@1": rpt["pass@1"]}}
 
     stages("humaneval", humaneval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/demo")
+    ap.add_argument("--pretrain-steps", type=int, default=400)
+    ap.add_argument("--finetune-steps", type=int, default=1000)
+    ap.add_argument("--error-positions", type=int, default=2000)
+    ap.add_argument("--repetition-prompts", type=int, default=32)
+    ap.add_argument("--repetition-tokens", type=int, default=192)
+    ap.add_argument("--humaneval-limit", type=int, default=8)
+    ap.add_argument("--controlled-followup", action="store_true",
+                    help="also run the controlled experiment's follow-up (docs/controlled_experiment.md)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    stages = Stages(out)
+    t0 = time.perf_counter()
+
+    stages("corpus", lambda: _corpus(out))
+    ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps))
+    common = (f"init_from={ar_c['final']}", "tokenizer=null")
+    stages("ar_f", lambda: _train(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
+                                  "lr=3e-3", "warmup_steps=20", "eval_every=200"))  # = the fine-tune's lr
+    stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
+    rpt_ckpt = stages.results["rpt"]["final"]
+    # The controlled experiment trains its own small models: start it now, beside the one-thread
+    # evaluations below (its two training runs take one thread each).
+    controlled_json = out / "controlled" / "controlled.json"
+    pending = stages.start("controlled", [sys.executable, "eval/controlled.py", "--out", str(controlled_json)],
+                           controlled_json, threads=1)
+    try:
+        _evaluations(out, stages, args, rpt_ckpt)
+        stages.finish("controlled", pending)
+    finally:
+        if pending is not None:
+            pending.stop()  # a no-op once it finished; ends it if an evaluation stage failed
+    if args.controlled_followup:  # the pre-registered follow-up (10x PTP budget); ~2 more minutes
+        stages("controlled_followup", lambda: _eval(
+            "controlled.py", out / "controlled" / "followup.json",
+            "--finetune-config", "configs/controlled_finetune_ptp_rich.yaml",
+            "--compare", f"primary design={out / 'controlled' / 'controlled.json'}"))
+    args.wall_seconds = time.perf_counter() - t0
     report = build_report(out, stages, args)
-    print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min)")
+    print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min; "
+          "the controlled stage overlaps the evaluation stages)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
-          f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]:.4f}")
+          f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]}")
     print("[demo] TV error by k: " + ", ".join(f"{k}: {v:.4f}" for k, v in report["tv_by_iters"].items())
           + f"; p_1 > p_0 at {report['frac_improved']:.3f} of positions")
     print("[demo] degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in report["degenerate_rate"].items()))
+    ce = report["controlled_experiment"]
+    print("[demo] controlled experiment, TV to the truth by k: " + ", ".join(f"{k}: {v['mean']:.4f}" for k, v in ce["k"].items())
+          + f"; (k=1)-(k=0) 95% CI [{ce['diff_ci95'][0]:+.4f}, {ce['diff_ci95'][1]:+.4f}]")
     print("[demo] HumanEval pass@1: " + ", ".join(f"{k} {v:.3f}" for k, v in report["humaneval_pass@1"].items()))
     print(f"[demo] wrote {out / 'report.json'} and {out / 'report.md'}")
     return 0

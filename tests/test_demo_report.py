@@ -1,0 +1,91 @@
+"""``rpt.demo``'s report: every number comes from the stage results, the controlled experiment included."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from rpt import demo
+
+
+def fake_stages(tmp_path) -> demo.Stages:
+    stages = demo.Stages(tmp_path)
+    ev = lambda ntp, p1=None, p2=None: {"eval_ntp_loss": ntp, "eval_ptp_loss_1": p1, "eval_ptp_loss_2": p2}  # noqa: E731
+    stages.results = {
+        "corpus": {"stdlib_files": 10, "validation_files": 1, "vocab_size": 4096, "seq_len": 128,
+                   "train_tokens": 1000, "validation_tokens": 100},
+        "ar_c": {"steps": 400, "last_eval": ev(3.5)},
+        "ar_f": {"steps": 800, "last_eval": ev(2.90)},
+        "rpt": {"steps": 800, "last_eval": ev(2.93, 2.7, 2.8)},
+        "error_analysis": {"tv_by_iters": {"0": 0.79, "1": 0.78}, "frac_improved": 0.5, "n_positions": 2000,
+                           "estimator": "top-16", "tv_ci95_by_iters": {"0": [0.78, 0.80]}, "diff_ci95": [-0.02, -0.001]},
+        "repetition": {"degenerate_rate": {"none": 0.3, "lz": 0.06}, "settings": []},
+        "humaneval": {"ntp": {"pass@1": 0.0}},
+        "controlled": {
+            "metric": "TV", "lower_is_better": True, "contexts": 1000, "seeds": [0, 1],
+            "k": {"0": {"mean": 0.04, "ci95": [0.039, 0.041]}, "1": {"mean": 0.03, "ci95": [0.029, 0.031]},
+                  "2": {"mean": 0.03, "ci95": [0.029, 0.031]}},
+            "tv_by_iters": {"0": 0.04, "1": 0.03, "2": 0.03},
+            "diff_1_0": {"mean": -0.01, "ci95": [-0.011, -0.009]}, "diff_ci95": [-0.011, -0.009],
+            "goal_reached": True, "eps_ratios": {"prev_avg/next_avg": 0.8}, "eps": {"kappa": 1.5},
+        },
+    }
+    stages.seconds = {name: 1.0 for name in stages.results}
+    return stages
+
+
+def test_report_carries_the_controlled_experiment_and_the_intervals(tmp_path):
+    stages = fake_stages(tmp_path)
+    report = demo.build_report(tmp_path, stages, argparse.Namespace(humaneval_limit=8))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved == json.loads(json.dumps(report))
+    ce = saved["controlled_experiment"]
+    assert ce["metric"] == "TV" and ce["lower_is_better"] is True
+    assert set(ce["k"]) == {"0", "1", "2"} and all(set(v) == {"mean", "ci95"} for v in ce["k"].values())
+    assert ce["diff_ci95"] == [-0.011, -0.009] and ce["tv_by_iters"]["1"] < ce["tv_by_iters"]["0"]
+    assert ce["eps_p_over_eps_n"] == 0.8
+    # The error analysis's own intervals are passed through; its point estimates stay where they were.
+    assert saved["error_analysis_intervals"] == {"tv_ci95_by_iters": {"0": [0.78, 0.80]}, "diff_ci95": [-0.02, -0.001]}
+    assert saved["tv_by_iters"] == {"0": 0.79, "1": 0.78}
+    md = (tmp_path / "report.md").read_text()
+    assert "Controlled experiment" in md and "[-0.0110, -0.0090]" in md and "controlled/controlled.png" in md
+
+
+def test_background_stage_is_collected_once_and_cached(tmp_path):
+    stages = demo.Stages(tmp_path)
+    out_json = tmp_path / "bg" / "result.json"
+    cmd = [sys.executable, "-c", f"import json; json.dump({{'x': 1}}, open({str(out_json)!r}, 'w'))"]
+    pending = stages.start("bg", cmd, out_json)
+    assert stages.finish("bg", pending) == {"x": 1}
+    assert stages.start("bg", cmd, out_json) is None  # cached: not started again
+    again = demo.Stages(tmp_path)
+    assert again.finish("bg", None) == {"x": 1} and again.seconds["bg"] == stages.seconds["bg"]
+
+
+def test_background_stage_stops_with_its_children(tmp_path):
+    """A demo that fails early must not leave the background run (or what it started) behind."""
+    stages = demo.Stages(tmp_path)
+    pid_file = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    pending = stages.start("bg", [sys.executable, "-c", script], tmp_path / "never.json")
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    pending.stop()
+    assert pending.proc.returncode is not None
+    for _ in range(100):  # the grandchild got SIGTERM with the group
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the background stage's child survived stop()")
