@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--top-m", type=int, default=DEFAULT_TOP_M, help="top-m estimator (default %(default)s)")
     est.add_argument("--exact", action="store_true", help="enumerate the whole vocabulary")
     parser.add_argument("--iters", type=int, default=3, help="RPT iterations k = 0..iters")
+    parser.add_argument("--ptp", choices=("sampled", "greedy"), default="sampled",
+                        help="PTP step: draw from the PTP conditional (eq. 4 as written, default) or take its "
+                             "argmax (the paper's main results and the sampler's default)")
+    parser.add_argument("--confidence", type=float, default=0.0,
+                        help="keep x_i unless the PTP proposal's probability exceeds this (the sampler's eta; "
+                             "the paper uses 0.9 with --ptp greedy; default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=16, help="positions per forward")
     parser.add_argument("--seed", type=int, default=0, help="position sampling seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -71,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.confidence <= 1.0:
+        raise EvalInputError(f"--confidence {args.confidence}: use a probability in [0, 1] (the paper's eta is 0.9)")
     if args.min_context < 1 or args.context_len < args.min_context:
         raise EvalInputError("need 1 <= --min-context <= --context-len")
     if args.limit < 0 or args.iters < 1 or args.batch_size < 1 or (not args.exact and args.top_m < 1):
@@ -143,7 +151,10 @@ def run(args: argparse.Namespace, model, docs: list[list[int]], positions: list[
     vocab = model.config.vocab_size
     top_m = None if args.exact else min(args.top_m, vocab)
     batch_size = max(1, min(args.batch_size, EXACT_MAX_ELEMENTS // vocab**2)) if top_m is None else args.batch_size
+    rule = ptp_rule(args)
     settings = [checkpoint_fingerprint(args.checkpoint), top_m or "exact", args.iters]
+    if rule != ea.SAMPLED_PTP:  # the default keeps the keys (and the stored results) of earlier runs
+        settings.append([rule.greedy, rule.confidence])
     items = []
     for d, t in positions:
         context = docs[d][max(0, t - args.context_len):t]
@@ -154,12 +165,16 @@ def run(args: argparse.Namespace, model, docs: list[list[int]], positions: list[
         for lo in range(0, len(todo), batch_size):
             batch = todo[lo:lo + batch_size]
             res = ea.truth_probabilities(model, [c for _, c, _ in batch], [y for _, _, y in batch], iters=args.iters,
-                                         top_m=top_m, pad_id=pad)
+                                         top_m=top_m, pad_id=pad, rule=rule)
             for (key, _, _), p, err, cov in zip(batch, res.probs.tolist(), res.bound.tolist(), res.coverage.tolist()):
                 store.add(key, {"p": p, "bound": err, "coverage": cov})
             bar.update(len(batch))
     records = [store.get(key) for key, _, _ in items]
     return {f: np.array([r[f] for r in records]) for f in ("p", "bound", "coverage")}, len(todo)
+
+
+def ptp_rule(args: argparse.Namespace) -> ea.PTPRule:
+    return ea.PTPRule(greedy=args.ptp == "greedy", confidence=args.confidence)
 
 
 def write_outputs(out: str | Path, summary: dict) -> list[Path]:
@@ -171,7 +186,8 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
 
     rows = [[k, summary["tv_by_iters"][k], ci(summary["tv_ci_by_iters"][k]), summary["tv_sem_by_iters"][k]]
             + ([bounds[k]] if bounds else []) for k in summary["tv_by_iters"]]
-    facts = [("n_positions", summary["n_positions"]), ("estimator", summary["estimator_label"])]
+    facts = [("n_positions", summary["n_positions"]), ("estimator", summary["estimator_label"]),
+             ("PTP step", summary["ptp"]["label"])]
     if "tv_change_1_0" in summary:
         facts += [("eps_1 - eps_0", f"{summary['tv_change_1_0']:+.4f}, 95% CI {ci(summary['tv_change_1_0_ci'])}"
                    + (f", estimator error <= {summary['tv_change_1_0_bound']:.4f}"
@@ -184,7 +200,7 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     facts += [(f"coverage {k}", v) for k, v in summary.get("coverage", {}).items()]
     notes = (f"Checkpoint `{summary['checkpoint']}`, data `{summary['data']}`, contexts of "
              f"{summary['min_context']}..{summary['context_len']} tokens, seed {summary['seed']}. "
-             "eps_k = 1 - p_k(x_i | x_<i) after k RPT iterations (w = 2); k = 0 is NTP. Intervals: 95% percentile "
+             f"eps_k = 1 - p_k(x_i | x_<i) after k RPT iterations (w = 2, {summary['ptp']['label']}); k = 0 is NTP. Intervals: 95% percentile "
              f"bootstrap over positions ({summary['bootstrap']['samples']} resamples); the certified bound is the "
              "top-m estimator's worst-case error of each mean.")
     title = "RPT error analysis (paper Table 2, Fig. 6)"
@@ -214,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     label = f"exact (V = {vocab})" if args.exact else f"top-m (m = {min(args.top_m, vocab)} of V = {vocab})"
-    print(f"estimator: {label}; {len(positions)} positions; {args.iters} iterations")
+    print(f"estimator: {label}; {ptp_rule(args).label}; {len(positions)} positions; {args.iters} iterations")
     start = time.perf_counter()
     arrays, computed = run(args, model, docs, positions, store)
     elapsed = time.perf_counter() - start
@@ -222,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment": "error_analysis", "checkpoint": args.checkpoint, "data": data_label,
         "estimator": {"name": "exact"} if args.exact else {"name": "top-m", "m": min(args.top_m, vocab)},
         "estimator_label": label, "window": 2, "iters": args.iters, "min_context": args.min_context,
+        "ptp": {"greedy": args.ptp == "greedy", "confidence": args.confidence, "label": ptp_rule(args).label},
         "context_len": args.context_len, "seed": args.seed, "limit": args.limit,
         **(ea.summarise(arrays["p"], seed=args.seed) if args.exact else
            ea.summarise(arrays["p"], arrays["bound"], arrays["coverage"], seed=args.seed)),

@@ -6,10 +6,12 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 
 1. ``corpus``   -- the Python standard library of this interpreter, split by file; a BPE tokenizer.
 2. ``ar_c``     -- pretrain a tiny Llama with NTP (the paper's AR-C).
-3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, separately, fine-tune with the RPT
-   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr).
+3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, side by side, fine-tune with the RPT
+   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr);
+   every evaluation reads the whole validation split.
 4. ``losses``   -- validation NTP loss of AR-F and of the RPT model, PTP-1 / PTP-2 of the RPT model.
-5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2).
+5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2), with
+   the paper's sampler (greedy PTP, confidence 0.9) and, beside it, eq. 4 with sampled PTP.
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
 7. ``humaneval`` -- a few HumanEval prompts, NTP vs RPT + LZ, scored in the sandbox.
 8. ``controlled`` -- the controlled experiment (``eval/controlled.py``, docs/controlled_experiment.md):
@@ -56,13 +58,13 @@ def _run(cmd: list[str], threads: int | None = None) -> None:
 
 
 class Background:
-    """A stage run as a subprocess beside the following ones: the evaluation stages use one thread,
-    so the second core would idle. Its output goes to a log file; ``wait`` returns the JSON it wrote
-    and its own wall time."""
+    """A stage run as a subprocess beside the following ones: a one-thread run on a 2-core machine
+    leaves the second core to another (a tiny model gains little from a second thread). Its output
+    goes to ``log_path``; ``wait`` returns ``collect()`` once it exited, and its own wall time."""
 
-    def __init__(self, cmd: list[str], out_json: Path, threads: int | None):
-        out_json.parent.mkdir(parents=True, exist_ok=True)
-        self.cmd, self.out_json, self.log_path = cmd, out_json, out_json.with_suffix(".log")
+    def __init__(self, cmd: list[str], log_path: Path, collect, threads: int | None):
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.cmd, self.collect, self.log_path = cmd, collect, log_path
         print("$ " + " ".join(cmd) + f"  (in the background, output in {self.log_path})", flush=True)
         self.t0 = time.perf_counter()
         self.log = open(self.log_path, "w")
@@ -81,7 +83,7 @@ class Background:
         self.log.close()
         if code != 0:
             raise SystemExit(f"demo stage failed (exit {code}): {' '.join(self.cmd)}; see {self.log_path}")
-        return json.loads(self.out_json.read_text()), time.perf_counter() - self.t0
+        return self.collect(), time.perf_counter() - self.t0
 
 
 class Stages:
@@ -115,12 +117,12 @@ class Stages:
         result = fn()
         return self._save(name, result, time.perf_counter() - t0)
 
-    def start(self, name: str, cmd: list[str], out_json: Path, threads: int | None = None) -> Background | None:
+    def start(self, name: str, cmd: list[str], log_path: Path, collect, threads: int | None = None) -> Background | None:
         """Start stage ``name`` in the background unless it is cached; :meth:`finish` collects it."""
         if (self.dir / f"{name}.json").exists():
             return None
         print(f"\n[demo] ===== {name} (started in the background) =====", flush=True)
-        return Background(cmd, out_json, threads)
+        return Background(cmd, log_path, collect, threads)
 
     def finish(self, name: str, pending: Background | None) -> Any:
         if pending is None and self._cached(name):
@@ -129,9 +131,24 @@ class Stages:
         return self._save(name, *pending.wait())
 
 
+# Every evaluation of a demo run reads the whole validation split (about 86 batches of 16 x 129
+# tokens; the count is capped at what exists): the first 8 batches, the training default, are a
+# few files whose losses sit almost 1 nat below the split's and swing by more than the 0.05-nat
+# differences the report compares.
+WHOLE_VALIDATION = "eval_batches=100000"
+
+
+def _train_cmd(out: Path, name: str, config: str, steps: int, *overrides: str) -> list[str]:
+    return [sys.executable, "train.py", "--config", config, f"output_dir={out / name}", f"max_steps={steps}",
+            WHOLE_VALIDATION, *overrides]
+
+
 def _train(out: Path, name: str, config: str, steps: int, *overrides: str) -> dict:
-    run_dir = out / name
-    _run([sys.executable, "train.py", "--config", config, f"output_dir={run_dir}", f"max_steps={steps}", *overrides])
+    _run(_train_cmd(out, name, config, steps, *overrides))
+    return _train_result(out / name, steps)
+
+
+def _train_result(run_dir: Path, steps: int) -> dict:
     rows = read_metrics(str(run_dir / "metrics.jsonl"))
     evals = [r for r in rows if r.get("eval_ntp_loss") is not None]
     return {
@@ -142,6 +159,18 @@ def _train(out: Path, name: str, config: str, steps: int, *overrides: str) -> di
         "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows) if rows else None,
         "loss_curves": str(run_dir / "loss_curves.png"),
     }
+
+
+def _side_by_side(stages: Stages, runs: dict[str, tuple[list[str], Path, Any]]) -> None:
+    """Run the uncached stages of ``runs`` (name -> command, log, collect) at once, one thread each."""
+    pending = {name: stages.start(name, cmd, log, collect, threads=1) for name, (cmd, log, collect) in runs.items()}
+    try:
+        for name, run in pending.items():
+            stages.finish(name, run)
+    finally:
+        for run in pending.values():
+            if run is not None:
+                run.stop()  # a no-op once it finished; ends the other if one failed
 
 
 def _corpus(out: Path) -> dict:
@@ -204,6 +233,12 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "error_analysis_positions": ea["n_positions"],
         "error_analysis_estimator": ea.get("estimator"),
         "error_analysis_intervals": _intervals(ea),
+        "error_analysis_ptp": ea.get("ptp", {}).get("label"),
+        "error_analysis_verdict": ea.get("tv_change_1_0_verdict"),
+        **({"sampled_ptp": {"tv_by_iters": r["error_analysis_sampled"]["tv_by_iters"],
+                            "frac_improved": r["error_analysis_sampled"]["frac_improved"],
+                            "intervals": _intervals(r["error_analysis_sampled"])}}
+           if "error_analysis_sampled" in r else {}),
         "degenerate_rate": rep["degenerate_rate"],
         "repetition_settings": rep["settings"],
         "humaneval_pass@1": {name: res["pass@1"] for name, res in r["humaneval"].items()},
@@ -240,8 +275,13 @@ def render_markdown(rep: dict, out: Path) -> str:
         "![RPT fine-tune losses](rpt/loss_curves.png)", "",
         f"## Error analysis (Table 2): mean TV error 1 - p_k(x_i) after k RPT iterations (w = 2), "
         f"{rep['error_analysis_positions']} validation positions, estimator: {rep['error_analysis_estimator']}", "",
-        markdown_table(["k", *rep["tv_by_iters"].keys()], [["TV", *[f(v) for v in rep["tv_by_iters"].values()]]]),
-        f"Fraction of positions where p_1 > p_0: {f(rep['frac_improved'])}.", "",
+        markdown_table(["PTP step", *rep["tv_by_iters"].keys()],
+                       [[rep.get("error_analysis_ptp") or "", *[f(v) for v in rep["tv_by_iters"].values()]]]
+                       + ([["sampled PTP (eq. 4 as written)", *[f(v) for v in rep["sampled_ptp"]["tv_by_iters"].values()]]]
+                          if rep.get("sampled_ptp") else [])),
+        f"Fraction of positions where p_1 > p_0: {f(rep['frac_improved'])}"
+        + (f" ({f(rep['sampled_ptp']['frac_improved'])} with sampled PTP)" if rep.get("sampled_ptp") else "") + ".", "",
+        *([f"Verdict: {rep['error_analysis_verdict']}.", ""] if rep.get("error_analysis_verdict") else []),
         *([f"Intervals (from the error analysis): `{json.dumps(rep['error_analysis_intervals'])}`", ""]
           if rep.get("error_analysis_intervals") else []),
         "![error analysis](error_analysis.png)", "",
@@ -280,8 +320,13 @@ def _controlled_markdown(ce: dict, what: str = "a source with a known truth", na
 
 def _evaluations(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
     """Error analysis, repetition and HumanEval on the RPT model (one thread each)."""
-    stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", "--checkpoint", rpt_ckpt,
-                                           "--limit", str(args.error_positions)))
+    common_ea = ["--checkpoint", rpt_ckpt, "--limit", str(args.error_positions)]
+    # The headline chain is the sampler the paper's results use (and sample.py's default): greedy
+    # PTP accepted above confidence 0.9 (Sec. 5.1); eq. 4 with sampled PTP is reported beside it.
+    stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", *common_ea,
+                                           "--ptp", "greedy", "--confidence", "0.9"))
+    stages("error_analysis_sampled", lambda: _eval("error_analysis.py", out / "error_analysis_sampled.json", *common_ea,
+                                                   "--ptp", "sampled"))
     stages("repetition", lambda: _eval("repetition.py", out / "repetition.json", "--checkpoint", rpt_ckpt,
                                        "--limit", str(args.repetition_prompts),
                                        "--max-new-tokens", str(args.repetition_tokens), "--batch-size", "16"))
@@ -312,17 +357,23 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
 
     stages("corpus", lambda: _corpus(out))
-    ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps))
-    common = (f"init_from={ar_c['final']}", "tokenizer=null")
-    stages("ar_f", lambda: _train(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                                  "lr=3e-3", "warmup_steps=20", "eval_every=200"))  # = the fine-tune's lr
-    stages("rpt", lambda: _train(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common))
+    ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps,
+                                         "eval_every=200"))
+    # AR-F and the RPT fine-tune both start from AR-C: run them side by side, one thread each.
+    common = (f"init_from={ar_c['final']}", "tokenizer=null", "eval_every=500")
+    fine_tunes = {
+        "ar_f": _train_cmd(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
+                           "lr=3e-3", "warmup_steps=20"),  # = the fine-tune's lr and warm-up
+        "rpt": _train_cmd(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common),
+    }
+    _side_by_side(stages, {name: (cmd, out / name / "train.log", lambda n=name: _train_result(out / n, args.finetune_steps))
+                           for name, cmd in fine_tunes.items()})
     rpt_ckpt = stages.results["rpt"]["final"]
     # The controlled experiment trains its own small models: start it now, beside the one-thread
     # evaluations below (its two training runs take one thread each).
     controlled_json = out / "controlled" / "controlled.json"
     pending = stages.start("controlled", [sys.executable, "eval/controlled.py", "--out", str(controlled_json)],
-                           controlled_json, threads=1)
+                           controlled_json.with_suffix(".log"), lambda: json.loads(controlled_json.read_text()), threads=1)
     try:
         _evaluations(out, stages, args, rpt_ckpt)
         stages.finish("controlled", pending)
@@ -340,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
           "the controlled stage overlaps the evaluation stages)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
           f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]}")
-    print("[demo] TV error by k: " + ", ".join(f"{k}: {v:.4f}" for k, v in report["tv_by_iters"].items())
+    print(f"[demo] TV error by k ({report['error_analysis_ptp']}): "
+          + ", ".join(f"{k}: {v:.4f}" for k, v in report["tv_by_iters"].items())
           + f"; p_1 > p_0 at {report['frac_improved']:.3f} of positions")
     print("[demo] degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in report["degenerate_rate"].items()))
     ce = report["controlled_experiment"]

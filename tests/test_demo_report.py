@@ -22,7 +22,10 @@ def fake_stages(tmp_path) -> demo.Stages:
         "ar_f": {"steps": 800, "last_eval": ev(2.90)},
         "rpt": {"steps": 800, "last_eval": ev(2.93, 2.7, 2.8)},
         "error_analysis": {"tv_by_iters": {"0": 0.79, "1": 0.78}, "frac_improved": 0.5, "n_positions": 2000,
-                           "estimator": "top-16", "tv_ci95_by_iters": {"0": [0.78, 0.80]}, "diff_ci95": [-0.02, -0.001]},
+                           "estimator": "top-16", "tv_ci95_by_iters": {"0": [0.78, 0.80]}, "diff_ci95": [-0.02, -0.001],
+                           "ptp": {"label": "greedy PTP, confidence 0.9"}},
+        "error_analysis_sampled": {"tv_by_iters": {"0": 0.79, "1": 0.81}, "frac_improved": 0.3,
+                                   "tv_change_1_0_ci": [0.01, 0.03]},
         "repetition": {"degenerate_rate": {"none": 0.3, "lz": 0.06}, "settings": []},
         "humaneval": {"ntp": {"pass@1": 0.0}},
         "controlled": {
@@ -51,17 +54,39 @@ def test_report_carries_the_controlled_experiment_and_the_intervals(tmp_path):
     # The error analysis's own intervals are passed through; its point estimates stay where they were.
     assert saved["error_analysis_intervals"] == {"tv_ci95_by_iters": {"0": [0.78, 0.80]}, "diff_ci95": [-0.02, -0.001]}
     assert saved["tv_by_iters"] == {"0": 0.79, "1": 0.78}
+    assert saved["error_analysis_ptp"] == "greedy PTP, confidence 0.9"
+    assert saved["sampled_ptp"] == {"tv_by_iters": {"0": 0.79, "1": 0.81}, "frac_improved": 0.3,
+                                    "intervals": {"tv_change_1_0_ci": [0.01, 0.03]}}
     md = (tmp_path / "report.md").read_text()
     assert "Controlled experiment" in md and "[-0.0110, -0.0090]" in md and "controlled/controlled.png" in md
+    assert "| greedy PTP, confidence 0.9 | 0.7900 | 0.7800 |" in md and "| sampled PTP (eq. 4 as written) | 0.7900 | 0.8100 |" in md
+
+
+def test_side_by_side_stages_run_at_once_and_are_cached(tmp_path):
+    """Two stages started together overlap in time, each result lands in its own stage file."""
+    stages = demo.Stages(tmp_path)
+    runs = {}
+    for name in ("a", "b"):
+        stamp = tmp_path / f"{name}.json"
+        code = (f"import json, time; t = time.time(); time.sleep(1.0); "
+                f"json.dump([t, time.time()], open({str(stamp)!r}, 'w'))")
+        runs[name] = ([sys.executable, "-c", code], tmp_path / f"{name}.log", lambda p=stamp: json.loads(p.read_text()))
+    demo._side_by_side(stages, runs)
+    (a0, a1), (b0, b1) = stages.results["a"], stages.results["b"]
+    assert max(a0, b0) < min(a1, b1)  # both were running at the same time
+    again = demo.Stages(tmp_path)
+    demo._side_by_side(again, {name: (["false"], tmp_path / "x.log", lambda: None) for name in runs})  # cached
+    assert again.results == stages.results
 
 
 def test_background_stage_is_collected_once_and_cached(tmp_path):
     stages = demo.Stages(tmp_path)
     out_json = tmp_path / "bg" / "result.json"
     cmd = [sys.executable, "-c", f"import json; json.dump({{'x': 1}}, open({str(out_json)!r}, 'w'))"]
-    pending = stages.start("bg", cmd, out_json)
+    collect = lambda: json.loads(out_json.read_text())  # noqa: E731
+    pending = stages.start("bg", cmd, out_json.with_suffix(".log"), collect)
     assert stages.finish("bg", pending) == {"x": 1}
-    assert stages.start("bg", cmd, out_json) is None  # cached: not started again
+    assert stages.start("bg", cmd, out_json.with_suffix(".log"), collect) is None  # cached: not started again
     again = demo.Stages(tmp_path)
     assert again.finish("bg", None) == {"x": 1} and again.seconds["bg"] == stages.seconds["bg"]
 
@@ -72,7 +97,7 @@ def test_background_stage_stops_with_its_children(tmp_path):
     pid_file = tmp_path / "child.pid"
     script = (f"import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
-    pending = stages.start("bg", [sys.executable, "-c", script], tmp_path / "never.json")
+    pending = stages.start("bg", [sys.executable, "-c", script], tmp_path / "never.log", lambda: None)
     for _ in range(200):
         if pid_file.exists() and pid_file.read_text():
             break

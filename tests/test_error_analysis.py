@@ -100,6 +100,42 @@ def test_chain_marginals_equal_the_pair_chain_by_brute_force():
     assert not torch.allclose(fast[:, 0], fast[:, 1])  # the iterations do move the marginal
 
 
+@pytest.mark.parametrize("greedy, confidence", [(True, 0.0), (True, 0.3), (False, 0.25)])
+def test_ptp_rule_marginals_equal_the_pair_chain_by_brute_force(greedy, confidence):
+    """Greedy / thresholded PTP (the sampler's rule): the V-state recursion equals the x_i-marginal
+    of the (a, b) pair chain written out move by move, as the sampler acts."""
+    g = torch.Generator().manual_seed(3)
+    batch, na, nb = 3, 4, 5
+    p0 = random_distributions(g, batch, na)
+    next_cond = random_distributions(g, batch, na, nb)
+    # Peaked PTP rows so that some pass the threshold and some do not.
+    prev_cond = torch.softmax(3 * torch.randn(batch, nb, na, generator=g, dtype=torch.float64), dim=-1)
+    rule = ea.PTPRule(greedy=greedy, confidence=confidence)
+    fast = ea.chain_marginals(p0, next_cond, prev_cond, ITERS, rule)
+    for j in range(batch):
+        states = list(itertools.product(range(na), range(nb)))
+        joint = np.array([float(p0[j, a] * next_cond[j, a, b]) for a, b in states])
+        kernel = np.zeros((len(states), len(states)))
+        for s1, (a, b) in enumerate(states):
+            row = prev_cond[j, b].tolist()
+            proposals = [(row.index(max(row)), 1.0)] if greedy else list(enumerate(row))
+            for a_new, chance in proposals:
+                a2 = a_new if row[a_new] > confidence else a  # below the threshold: keep x_i
+                for b2 in range(nb):
+                    kernel[s1, a2 * nb + b2] += chance * float(next_cond[j, a2, b2])
+        for k in range(ITERS + 1):
+            np.testing.assert_allclose(fast[j, k].numpy(), joint.reshape(na, nb).sum(axis=1), rtol=1e-12, atol=1e-14)
+            joint = joint @ kernel
+    assert not torch.allclose(fast[:, 0], fast[:, 1])
+
+
+def test_sampled_rule_without_threshold_is_the_plain_chain():
+    g = torch.Generator().manual_seed(4)
+    p0, n, p = random_distributions(g, 2, 6), random_distributions(g, 2, 6, 6), random_distributions(g, 2, 6, 6)
+    plain = torch.stack([p0, ((p0.unsqueeze(-2) @ n) @ p).squeeze(-2)], dim=-2)
+    torch.testing.assert_close(ea.chain_marginals(p0, n, p, 1, ea.PTPRule()), plain, rtol=1e-12, atol=1e-14)
+
+
 # ---- (2) batched, cached queries against the naive model calls ---------------------------------------
 @pytest.fixture(scope="module")
 def model() -> RPTForCausalLM:
@@ -158,6 +194,16 @@ def test_queries_under_every_attention_implementation(model, positions, attn):
 
 
 # ---- (3) the top-m estimator -------------------------------------------------------------------------
+@pytest.mark.parametrize("rule", [ea.PTPRule(greedy=True, confidence=0.0), ea.PTPRule(greedy=True, confidence=0.06),
+                                  ea.PTPRule(greedy=False, confidence=0.05)], ids=["greedy", "greedy-eta", "sampled-eta"])
+def test_top_m_with_m_equal_v_is_exact_for_every_ptp_rule(model, positions, rule):
+    contexts, truths = positions
+    exact = ea.truth_probabilities(model, contexts, truths, iters=ITERS, rule=rule).probs
+    full = ea.truth_probabilities(model, contexts, truths, iters=ITERS, top_m=VOCAB, rule=rule).probs
+    torch.testing.assert_close(full, exact, rtol=1e-5, atol=1e-6)  # float32 query order
+    assert not torch.allclose(exact, ea.truth_probabilities(model, contexts, truths, iters=ITERS).probs)
+
+
 def test_top_m_with_m_equal_v_is_exact(model, positions):
     contexts, truths = positions
     exact = ea.truth_probabilities(model, contexts, truths, iters=ITERS)
@@ -188,6 +234,15 @@ def test_top_m_is_close_for_moderate_m_and_its_bound_holds(model, positions):
     # Means over positions, as reported in Table 2.
     est = ea.truth_probabilities(model, contexts, truths, iters=ITERS, top_m=15).probs
     np.testing.assert_allclose((1 - est).mean(0).numpy(), (1 - exact).mean(0).numpy(), atol=0.01)
+
+
+def test_top_m_bound_holds_for_greedy_ptp_with_confidence(model, positions):
+    contexts, truths = positions
+    rule = ea.PTPRule(greedy=True, confidence=0.06)
+    exact = ea.truth_probabilities(model, contexts, truths, iters=ITERS, rule=rule).probs
+    for m in (4, 10, 20):
+        est = ea.truth_probabilities(model, contexts, truths, iters=ITERS, top_m=m, rule=rule)
+        assert ((est.probs - exact).abs() <= est.bound + 1e-7).all(), m
 
 
 # ---- positions and summary ---------------------------------------------------------------------------
@@ -311,9 +366,18 @@ def test_script_exact_matches_the_library_on_the_same_positions(checkpoint, tmp_
     assert min(map(len, contexts)) >= 20 and max(map(len, contexts)) == 24
     want = 1 - ea.truth_probabilities(model, contexts, truths, iters=ITERS).probs.mean(0).numpy()
     np.testing.assert_allclose([summary["tv_by_iters"][str(k)] for k in range(4)], want, rtol=1e-5, atol=1e-7)
+    # The sampler's rule (greedy PTP above a confidence): its own results, not the stored sampled ones.
+    greedy = tmp_path / "greedy.json"
+    assert script.main(args[:-1] + [str(greedy), "--ptp", "greedy", "--confidence", "0.2"]) == 0
+    summary = json.loads(greedy.read_text())
+    assert summary["ptp"] == {"greedy": True, "confidence": 0.2, "label": "greedy PTP, confidence 0.2"}
+    rule = ea.PTPRule(greedy=True, confidence=0.2)
+    want = 1 - ea.truth_probabilities(model, contexts, truths, iters=ITERS, rule=rule).probs.mean(0).numpy()
+    np.testing.assert_allclose([summary["tv_by_iters"][str(k)] for k in range(4)], want, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("bad", [
+    ["--confidence", "1.5"],
     ["--checkpoint", "{tmp}/missing"],
     ["--min-context", "30", "--context-len", "20"],
     ["--text-file", "{tmp}/missing.txt"],

@@ -14,7 +14,19 @@ the previous ``x_{i+1}``, so the marginal ``p_k`` of ``x_i`` after ``k`` iterati
     p_{k+1} = m_k P,
 
 and the paper's error is ``eps_k = 1 - p_k(x_i)`` at the true ``x_i``, averaged over positions
-(Table 2, ``k = 0`` is NTP). Fig. 6 is the histogram of ``p_1(x_i) - p_0(x_i)``. This is the
+(Table 2, ``k = 0`` is NTP).
+
+**The sampler's PTP rule** (:class:`PTPRule`). The paper's main results use *greedy* PTP with a
+*confidence* threshold eta (Sec. 5.1, "Practical sampling"; the sampler's defaults): the PTP step
+proposes ``a' = argmax P(.|b)`` (or draws ``a' ~ P(.|b)``) and keeps the old ``x_i`` unless
+``P(a'|b) > eta``. Write ``K(b, a') = R(a'|b) [P(a'|b) > eta]`` for the accepted moves (``R`` the
+proposal law) and ``r(b) = 1 - sum_a' K(b, a')`` for the chance of keeping ``x_i``. As ``x_{i+1}``
+is always redrawn from ``N`` after the PTP step, the joint after an iteration is still
+``p_k(a) N(b|a)``, and
+
+    p_{k+1} = (p_k N) K + p_k * (N r)          (``*`` elementwise; ``N r`` = keep-chance of each a).
+
+Sampled PTP with ``eta = 0`` gives ``K = P``, ``r = 0``: the plain chain above. Fig. 6 is the histogram of ``p_1(x_i) - p_0(x_i)``. This is the
 chain the sampler runs (:mod:`rpt.sampling.algorithm`; ``tests/test_eq4_distribution.py`` checks
 the sampler's draws against its exact enumeration).
 
@@ -70,17 +82,47 @@ HISTOGRAM_BINS = 50
 
 
 # ---- the chain ---------------------------------------------------------------------------------
-def chain_marginals(p0: torch.Tensor, next_cond: torch.Tensor, prev_cond: torch.Tensor, iters: int) -> torch.Tensor:
+@dataclass(frozen=True)
+class PTPRule:
+    """How the PTP step moves ``x_i``: ``greedy`` (argmax) or sampled, accepted only when the
+    proposal's PTP probability exceeds ``confidence`` (the sampler's ``SamplingConfig`` knobs)."""
+
+    greedy: bool = False
+    confidence: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{'greedy' if self.greedy else 'sampled'} PTP, confidence {self.confidence:g}"
+
+    def kernel(self, prev_cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(K, r)`` from PTP rows ``prev_cond[..., b, a] = P(a|b)``: ``K[..., b, a']`` the
+        chance the step moves ``x_i`` to ``a'``, ``r[..., b]`` the chance it keeps ``x_i``."""
+        if self.greedy:
+            top = prev_cond.argmax(dim=-1, keepdim=True)  # first maximum, as the sampler's argmax
+            proposal = torch.zeros_like(prev_cond).scatter_(-1, top, 1.0)
+        else:
+            proposal = prev_cond
+        moves = proposal * (prev_cond > self.confidence)
+        return moves, (1.0 - moves.sum(dim=-1)).clamp(min=0.0)
+
+
+SAMPLED_PTP = PTPRule()  # eq. 4 as written
+
+
+def chain_marginals(p0: torch.Tensor, next_cond: torch.Tensor, prev_cond: torch.Tensor, iters: int,
+                    rule: PTPRule = SAMPLED_PTP) -> torch.Tensor:
     """Marginals ``p_0 .. p_iters`` of ``x_i`` under the w = 2 RPT chain.
 
     ``p0``: ``[..., A]``; ``next_cond[..., a, b] = N(b|a)``: ``[..., A, B]``;
     ``prev_cond[..., b, a] = P(a|b)``: ``[..., B, A]``. Returns ``[..., iters + 1, A]`` with
-    ``p_{k+1} = (p_k N) P``.
+    ``p_{k+1} = (p_k N) K + p_k * (N r)`` (``K = P``, ``r = 0`` for sampled PTP without a threshold).
     """
+    moves, keep = rule.kernel(prev_cond)
+    stay = (next_cond @ keep.unsqueeze(-1)).squeeze(-1)  # [..., A]: chance the PTP step keeps a
     marginals = [p0]
     p = p0
     for _ in range(iters):
-        p = ((p.unsqueeze(-2) @ next_cond) @ prev_cond).squeeze(-2)
+        p = ((p.unsqueeze(-2) @ next_cond) @ moves).squeeze(-2) + p * stay
         marginals.append(p)
     return torch.stack(marginals, dim=-2)
 
@@ -167,7 +209,7 @@ def _truncate(dist: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, t
 @torch.no_grad()
 def truth_probabilities(
     model, contexts: Sequence[Sequence[int]], truths: Sequence[int], iters: int = 3, top_m: int | None = None,
-    chunk: int = 512, pad_id: int = 0,
+    chunk: int = 512, pad_id: int = 0, rule: PTPRule = SAMPLED_PTP,
 ) -> PositionResult:
     """``p_k(x_i)`` for a batch of positions: exact (``top_m=None``) or the top-m estimator."""
     enc = encode_contexts(model, contexts, pad_id)
@@ -179,7 +221,7 @@ def truth_probabilities(
         support = torch.arange(vocab, device=p0.device).expand(batch, vocab)
         next_cond = query_tokens(model, enc, support, shift=0, row=NTP_ROW, chunk=chunk)
         prev_cond = query_tokens(model, enc, support, shift=1, row=PTP1_ROW, chunk=chunk)
-        marginals = chain_marginals(p0, next_cond, prev_cond, iters)
+        marginals = chain_marginals(p0, next_cond, prev_cond, iters, rule)
         probs = marginals.gather(2, truth[:, :, None].expand(batch, iters + 1, 1)).squeeze(2)
         return PositionResult(probs, zeros, torch.ones(batch, 2, dtype=p0.dtype, device=p0.device))
 
@@ -187,9 +229,15 @@ def truth_probabilities(
     q, probs, bound, masses = p0, [p0.gather(1, truth)], zeros.clone(), []
     for k in range(iters):
         a_set, q_a, mass_a = _truncate(q, m)
-        following = torch.einsum("ja,jav->jv", q_a, query_tokens(model, enc, a_set, 0, NTP_ROW, chunk))
+        next_rows = query_tokens(model, enc, a_set, 0, NTP_ROW, chunk)  # [B, m, V]: N(.|a), a in A_k
+        following = torch.einsum("ja,jav->jv", q_a, next_rows)
         b_set, m_b, mass_b = _truncate(following, m)
-        q = torch.einsum("jb,jbv->jv", m_b, query_tokens(model, enc, b_set, 1, PTP1_ROW, chunk))
+        moves, keep = rule.kernel(query_tokens(model, enc, b_set, 1, PTP1_ROW, chunk))
+        q = torch.einsum("jb,jbv->jv", m_b, moves)
+        # The kept x_i: a in A_k with the truncated joint q~(a) N(b|a) / m_k(B_k) over b in B_k.
+        next_in_b = next_rows.gather(2, b_set[:, None, :].expand(-1, m, -1))  # [B, m_a, m_b]
+        stay = (next_in_b @ keep.unsqueeze(-1)).squeeze(-1) / mass_b[:, None]
+        q = q.scatter_add(1, a_set, q_a * stay)
         probs.append(q.gather(1, truth))
         bound[:, k + 1] = bound[:, k] + (1.0 - mass_a) + (1.0 - mass_b)
         masses.append(torch.stack([mass_a, mass_b], dim=1))
