@@ -143,8 +143,8 @@ def _train_cmd(out: Path, name: str, config: str, steps: int, *overrides: str) -
             WHOLE_VALIDATION, *overrides]
 
 
-def _train(out: Path, name: str, config: str, steps: int, *overrides: str) -> dict:
-    _run(_train_cmd(out, name, config, steps, *overrides))
+def _train(out: Path, name: str, config: str, steps: int, *overrides: str, threads: int | None = None) -> dict:
+    _run(_train_cmd(out, name, config, steps, *overrides), threads=threads)
     return _train_result(out / name, steps)
 
 
@@ -247,8 +247,8 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
-        # The wall time of the invocation that wrote this report (cached stages cost ~0 here; the
-        # controlled stage overlaps the evaluation stages, so this is below the sum above).
+        # The wall time of the invocation that wrote this report (cached stages cost ~0 here;
+        # stages run two at a time, so this is below the sum above).
         "wall_seconds": getattr(args, "wall_seconds", None),
     }
     write_json(out / "report.json", report)
@@ -261,8 +261,8 @@ def render_markdown(rep: dict, out: Path) -> str:
     lines = [
         "# RPT demo report", "",
         f"Machine: {rep['machine']}. Stage wall times add up to {rep['total_seconds'] / 60:.1f} min"
-        + (f"; this invocation took {rep['wall_seconds'] / 60:.1f} min (the controlled stage runs beside the "
-           "evaluation stages). " if rep.get("wall_seconds") else ". ") +
+        + (f"; this invocation took {rep['wall_seconds'] / 60:.1f} min (stages run two at a time, one "
+           "thread each). " if rep.get("wall_seconds") else ". ") +
         f"Corpus: {rep['corpus']['stdlib_files']} stdlib files ({rep['corpus']['train_tokens']:,} train / "
         f"{rep['corpus']['validation_tokens']:,} validation tokens), BPE vocabulary {rep['corpus']['vocab_size']}.", "",
         "## Validation losses (nats/token; the paper's Fig. 5 and its \"NTP barely changes\" claim)", "",
@@ -319,7 +319,23 @@ def _controlled_markdown(ce: dict, what: str = "a source with a known truth", na
 
 
 def _evaluations(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
-    """Error analysis, repetition and HumanEval on the RPT model (one thread each)."""
+    """Error analysis, repetition and HumanEval on the RPT model (one thread each; the repetition
+    study beside the others)."""
+    rep_json = out / "repetition.json"
+    repetition = stages.start("repetition", [sys.executable, "eval/repetition.py", "--checkpoint", rpt_ckpt,
+                                             "--limit", str(args.repetition_prompts),
+                                             "--max-new-tokens", str(args.repetition_tokens), "--batch-size", "16",
+                                             "--out", str(rep_json)],
+                              rep_json.with_suffix(".log"), lambda: json.loads(rep_json.read_text()), threads=1)
+    try:
+        _evaluations_in_front(out, stages, args, rpt_ckpt)
+        stages.finish("repetition", repetition)
+    finally:
+        if repetition is not None:
+            repetition.stop()
+
+
+def _evaluations_in_front(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
     common_ea = ["--checkpoint", rpt_ckpt, "--limit", str(args.error_positions)]
     # The headline chain is the sampler the paper's results use (and sample.py's default): greedy
     # PTP accepted above confidence 0.9 (Sec. 5.1); eq. 4 with sampled PTP is reported beside it.
@@ -327,9 +343,6 @@ def _evaluations(out: Path, stages: Stages, args, rpt_ckpt: str) -> None:
                                            "--ptp", "greedy", "--confidence", "0.9"))
     stages("error_analysis_sampled", lambda: _eval("error_analysis.py", out / "error_analysis_sampled.json", *common_ea,
                                                    "--ptp", "sampled"))
-    stages("repetition", lambda: _eval("repetition.py", out / "repetition.json", "--checkpoint", rpt_ckpt,
-                                       "--limit", str(args.repetition_prompts),
-                                       "--max-new-tokens", str(args.repetition_tokens), "--batch-size", "16"))
 
     def humaneval() -> dict:
         common_he = ["--checkpoint", rpt_ckpt, "--limit", str(args.humaneval_limit), "--max-new-tokens", "128"]
@@ -344,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--finetune-steps", type=int, default=1000)
+    ap.add_argument("--finetune-steps", type=int, default=800)
     ap.add_argument("--error-positions", type=int, default=2000)
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
@@ -356,30 +369,32 @@ def main(argv: list[str] | None = None) -> int:
     stages = Stages(out)
     t0 = time.perf_counter()
 
-    stages("corpus", lambda: _corpus(out))
-    ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps,
-                                         "eval_every=200"))
-    # AR-F and the RPT fine-tune both start from AR-C: run them side by side, one thread each.
-    common = (f"init_from={ar_c['final']}", "tokenizer=null", "eval_every=500")
-    fine_tunes = {
-        "ar_f": _train_cmd(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                           "lr=3e-3", "warmup_steps=20"),  # = the fine-tune's lr and warm-up
-        "rpt": _train_cmd(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common),
-    }
-    _side_by_side(stages, {name: (cmd, out / name / "train.log", lambda n=name: _train_result(out / n, args.finetune_steps))
-                           for name, cmd in fine_tunes.items()})
-    rpt_ckpt = stages.results["rpt"]["final"]
-    # The controlled experiment trains its own small models: start it now, beside the one-thread
-    # evaluations below (its two training runs take one thread each).
+    # The schedule keeps both cores busy with one-thread processes (a model this small gains
+    # little from a second thread): the controlled experiment, which needs nothing else, runs
+    # beside the corpus and AR-C; AR-F beside the RPT fine-tune; the repetition study beside the
+    # other evaluations.
     controlled_json = out / "controlled" / "controlled.json"
-    pending = stages.start("controlled", [sys.executable, "eval/controlled.py", "--out", str(controlled_json)],
-                           controlled_json.with_suffix(".log"), lambda: json.loads(controlled_json.read_text()), threads=1)
+    controlled = stages.start("controlled", [sys.executable, "eval/controlled.py", "--parallel", "1",
+                                             "--out", str(controlled_json)],
+                              controlled_json.with_suffix(".log"), lambda: json.loads(controlled_json.read_text()),
+                              threads=1)
     try:
-        _evaluations(out, stages, args, rpt_ckpt)
-        stages.finish("controlled", pending)
+        stages("corpus", lambda: _corpus(out))
+        ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps,
+                                             f"eval_every={args.pretrain_steps}", threads=1))
+        common = (f"init_from={ar_c['final']}", "tokenizer=null", f"eval_every={args.finetune_steps}")
+        fine_tunes = {
+            "ar_f": _train_cmd(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
+                               "lr=3e-3", "warmup_steps=20"),  # = the fine-tune's lr and warm-up
+            "rpt": _train_cmd(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common),
+        }
+        _side_by_side(stages, {name: (cmd, out / name / "train.log", lambda n=name: _train_result(out / n, args.finetune_steps))
+                               for name, cmd in fine_tunes.items()})
+        _evaluations(out, stages, args, stages.results["rpt"]["final"])
+        stages.finish("controlled", controlled)
     finally:
-        if pending is not None:
-            pending.stop()  # a no-op once it finished; ends it if an evaluation stage failed
+        if controlled is not None:
+            controlled.stop()  # a no-op once it finished; ends it if another stage failed
     if args.controlled_followup:  # the pre-registered follow-up (10x PTP budget); ~2 more minutes
         stages("controlled_followup", lambda: _eval(
             "controlled.py", out / "controlled" / "followup.json",
@@ -388,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args.wall_seconds = time.perf_counter() - t0
     report = build_report(out, stages, args)
     print(f"\n[demo] done in {(time.perf_counter() - t0) / 60:.1f} min (stage total {report['total_seconds'] / 60:.1f} min; "
-          "the controlled stage overlaps the evaluation stages)")
+          "stages run two at a time)")
     print(f"[demo] NTP loss: AR-F {report['ar_f_ntp_loss']:.4f}, RPT {report['ntp_loss']:.4f}; "
           f"PTP-1 {report['ptp_loss'][0]:.4f}, PTP-2 {report['ptp_loss'][1]}")
     print(f"[demo] TV error by k ({report['error_analysis_ptp']}): "
