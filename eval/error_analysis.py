@@ -207,7 +207,8 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     return [
         write_json(out, summary),
         write_markdown(sibling(out, ".md"), title, [(headers, rows), (["", "value"], facts)], notes),
-        save_figure(ea.plot_histogram(summary, f"RPT (k = 1) minus NTP, {summary['estimator_label']}"),
+        save_figure(ea.plot_histogram(summary, f"RPT (k = 1, {summary['ptp']['label']}) minus NTP, "
+                                               f"{summary['estimator_label']}"),
                     sibling(out, ".png")),
     ]
 

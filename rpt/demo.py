@@ -31,6 +31,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,14 @@ class Background:
         # Its own process group: if the demo stops early, stop() ends the run and its training children.
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(threads), stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        # The stage's wall time ends when the process does, not when the demo gets round to collecting it.
+        self.seconds: float | None = None
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        self.watcher.start()
+
+    def _watch(self) -> None:
+        self.proc.wait()
+        self.seconds = time.perf_counter() - self.t0
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -80,10 +89,11 @@ class Background:
 
     def wait(self) -> tuple[Any, float]:
         code = self.proc.wait()
+        self.watcher.join()
         self.log.close()
         if code != 0:
             raise SystemExit(f"demo stage failed (exit {code}): {' '.join(self.cmd)}; see {self.log_path}")
-        return self.collect(), time.perf_counter() - self.t0
+        return self.collect(), self.seconds
 
 
 class Stages:

@@ -91,6 +91,14 @@ def test_background_stage_is_collected_once_and_cached(tmp_path):
     assert again.finish("bg", None) == {"x": 1} and again.seconds["bg"] == stages.seconds["bg"]
 
 
+def test_background_stage_time_ends_with_its_process(tmp_path):
+    stages = demo.Stages(tmp_path)
+    pending = stages.start("quick", [sys.executable, "-c", "pass"], tmp_path / "quick.log", lambda: "done")
+    time.sleep(3.0)  # the demo is busy elsewhere before it collects the stage
+    assert stages.finish("quick", pending) == "done"
+    assert stages.seconds["quick"] < 2.5
+
+
 def test_background_stage_stops_with_its_children(tmp_path):
     """A demo that fails early must not leave the background run (or what it started) behind."""
     stages = demo.Stages(tmp_path)
