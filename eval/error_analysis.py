@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, model, docs: list[list[int]], positions: list[
     rule = ptp_rule(args)
     settings = [checkpoint_fingerprint(args.checkpoint), top_m or "exact", args.iters]
     if rule != ea.SAMPLED_PTP:  # the default keeps the keys (and the stored results) of earlier runs
-        settings.append([rule.greedy, rule.confidence])
+        settings.append([rule.greedy, rule.confidence] + (["unexplored pairs keep x_i"] if rule.confidence > 0 else []))
     items = []
     for d, t in positions:
         context = docs[d][max(0, t - args.context_len):t]
@@ -230,7 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # EvalInputError, or a corrupt resume file
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    label = f"exact (V = {vocab})" if args.exact else f"top-m (m = {min(args.top_m, vocab)} of V = {vocab})"
+    label = f"exact (V = {vocab})" if args.exact else (
+        f"top-m (m = {min(args.top_m, vocab)} of V = {vocab}"
+        + ("; unexplored pairs keep x_i)" if ptp_rule(args).confidence > 0 else ")"))
     print(f"estimator: {label}; {ptp_rule(args).label}; {len(positions)} positions; {args.iters} iterations")
     start = time.perf_counter()
     arrays, computed = run(args, model, docs, positions, store)
