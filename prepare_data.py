@@ -14,9 +14,8 @@ With --out, DIR/train and DIR/validation are written; a config then names them w
 import argparse
 import os
 import sys
-import traceback
 
-from rpt.config import ConfigError, load_config
+from rpt.config import ConfigError, load_config, report_input_error
 from rpt.data import DataError
 
 
@@ -65,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             print(f"train with:  data: {{tokens: {args.out}}}")
     except (DataError, ValueError, FileNotFoundError) as e:
-        if os.environ.get("RPT_TRACEBACK"):
-            traceback.print_exc()
-        print(f"error: {e} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return 2
+        return report_input_error(e)
     return 0
 
 

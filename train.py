@@ -6,11 +6,9 @@
 """
 
 import argparse
-import os
 import sys
-import traceback
 
-from rpt.config import ConfigError, load_config
+from rpt.config import ConfigError, load_config, report_input_error
 from rpt.data import DataError
 
 
@@ -29,10 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(cfg)
     except (DataError, ValueError, FileNotFoundError) as e:
-        if os.environ.get("RPT_TRACEBACK"):
-            traceback.print_exc()
-        print(f"error: {e} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-        return 2
+        return report_input_error(e)
     return 0
 
 

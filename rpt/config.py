@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,15 @@ import yaml
 
 class ConfigError(ValueError):
     """A bad configuration: the message names the key and the fix."""
+
+
+def report_input_error(exc: Exception) -> int:
+    """The scripts' answer to bad input: one line on stderr (the traceback only with
+    ``RPT_TRACEBACK=1``); returns the exit code, 2."""
+    if os.environ.get("RPT_TRACEBACK"):
+        traceback.print_exc()
+    print(f"error: {exc} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+    return 2
 
 
 @dataclass

@@ -226,7 +226,7 @@ def replica_report(accelerator, model) -> dict[str, Any]:
 
 def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) -> None:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and int(plugin.zero_stage) == 3:
+    if zero_stage(accelerator) == 3:
         import deepspeed
 
         # The loss reads the output head's weight outside the head's forward (rpt.loss): ZeRO-3

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from rpt.evaluation import sweep
-from rpt.evaluation.generation import load_checkpoint
+from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
@@ -115,16 +115,6 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
     parser.set_defaults(token_healing=benchmark.token_healing)
     return parser
-
-
-def check_source_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exactly one source, ``--limit >= 1``, ``--batch-size >= 1``."""
-    if (args.checkpoint is None) == (args.completions is None):
-        parser.error("give exactly one of --checkpoint (generate with a model) and --completions (score given ones)")
-    if args.limit is not None and args.limit < 1:
-        parser.error("--limit must be >= 1")
-    if args.batch_size < 1:
-        parser.error("--batch-size must be >= 1")
 
 
 def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
