@@ -118,20 +118,15 @@ def open_store(cfg, split: str, tokenizer) -> TokenStore:
 
 
 def _stream_batches(cfg, tokenizer, rank: int, world_size: int):
-    from datasets.distributed import split_dataset_by_node
-
     from rpt.data.streaming import PackedStream, StreamBatches
 
     sources, holdout = split_sources(cfg, "train")
     docs = documents(sources, holdout, cfg.val_fraction, cfg.seed)
-    if cfg.shuffle_buffer > 0:
-        docs = docs.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)  # same seed on every rank
-    if world_size > 1:
-        # Whole shards per rank when there are enough (each rank reads only its files); else
-        # every rank reads the stream and keeps one document in world_size.
-        strategy = "shards" if docs.num_shards >= world_size else "examples"
-        docs = split_dataset_by_node(docs, rank=rank, world_size=world_size, strategy=strategy)
-    return StreamBatches(PackedStream(docs, tokenizer, cfg.seq_len + 1), cfg.micro_batch_size, cfg.data_workers, rank)
+    # The whole stream: PackedStream splits it by (rank, worker) and shuffles it itself, so that
+    # the order is a function of (seed, epoch, position) and resumes exactly (rpt.data.streaming).
+    stream = PackedStream(docs, tokenizer, cfg.seq_len + 1, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer,
+                          rank=rank, world_size=world_size)
+    return StreamBatches(stream, cfg.micro_batch_size, cfg.data_workers, rank)
 
 
 def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1):
