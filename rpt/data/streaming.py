@@ -166,6 +166,9 @@ class StreamBatches:
                             f"(step {step}, micro-batch {micro}); check the source, or use fewer processes than it has "
                             "shards, or lower seq_len") from None
 
+    def resume_at(self, step: int, data_position: int) -> None:
+        """Nothing to do: the position is in the loader's state (:meth:`load_state_dict`)."""
+
     def state_dict(self) -> dict[str, Any]:
         return {"version": STATE_VERSION, "data_workers": self.workers, "world_size": self.stream.world_size,
                 "shuffle_buffer": self.stream.shuffle_buffer, "loader": self.loader.state_dict()}
