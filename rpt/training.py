@@ -30,8 +30,9 @@ from rpt.checkpointing import (
     temp_dir_for,
     write_json_atomic,
 )
-from rpt.config import TrainConfig
+from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
+from rpt.deepspeed_settings import apply_run_config, engine_precision
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
@@ -234,10 +235,19 @@ def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) ->
         for p in model.lm.get_output_embeddings().parameters():
             deepspeed.zero.register_external_parameter(model, p)
     if plugin is not None:
-        # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-        plugin.deepspeed_config["gradient_accumulation_steps"] = cfg.grad_accum
-        plugin.deepspeed_config["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
+        # The run's config decides precision, clipping, micro-batch and accumulation (the
+        # shipped JSONs say "auto"); a JSON value that disagrees is one error, not a silent override.
+        apply_run_config(plugin.deepspeed_config, cfg, accelerator.num_processes)
+
+
+def trained_precision(accelerator, model) -> str:
+    """The precision the prepared model actually trains in; refuses a run whose backend
+    disagrees with the config (config.yaml and the MFU would otherwise report the wrong one)."""
+    if zero_stage(accelerator) or getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        ran = engine_precision(model)
+    else:
+        ran = {v: k for k, v in PRECISION.items()}[str(accelerator.mixed_precision)]
+    return ran
 
 
 def make_accelerator(cfg: TrainConfig):
@@ -341,7 +351,14 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # step it once per process); checkpointed through register_for_checkpointing.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     accelerator.register_for_checkpointing(scheduler)
-    peak = device_peak_flops(accelerator.device, cfg.precision, cfg.peak_tflops)
+    ran = trained_precision(accelerator, model)
+    if ran != cfg.precision:
+        raise ConfigError(f"config key 'precision' is {cfg.precision} but the backend trains in {ran} (the accelerate "
+                          f"launch config's mixed_precision or DeepSpeed JSON); make them agree")
+    if main and getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        print(f"DeepSpeed ZeRO-{zero_stage(accelerator)}: {ran}, gradient clipping {model.gradient_clipping()}, "
+              f"micro-batch {model.train_micro_batch_size_per_gpu()}, accumulation {model.gradient_accumulation_steps()}")
+    peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
     global_batch = cfg.micro_batch_size * cfg.grad_accum * world
