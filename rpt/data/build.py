@@ -19,7 +19,7 @@ from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
 from rpt.data.token_store import INDEX, TokenStore, write_token_store
-from rpt.data.tokenizer import load_or_train_tokenizer, tokenizer_fingerprint
+from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, tokenizer_fingerprint
 
 SPLITS = ("train", "validation")
 
@@ -46,8 +46,11 @@ def default_store_path(cfg, split: str, tokenizer, max_tokens: int | None = None
     """Where training looks for (and writes) the store of a text split: keyed by what shapes it."""
     sources, holdout = split_sources(cfg, split)
     mixture_seed = cfg.seed if len(as_list(sources)) > 1 else None  # interleaving draws from the seed
-    key = _key("store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
-               tokenizer_fingerprint(tokenizer), max_tokens)
+    parts = ["store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
+             tokenizer_fingerprint(tokenizer), max_tokens]
+    if bos_id(tokenizer) is not None:  # stores of BOS-prepending tokenizers now hold BOS: not the old ones
+        parts.append(("bos", bos_id(tokenizer)))
+    key = _key(*parts)
     return os.path.join(cfg.cache_dir, f"tokens-{split}-{key}")
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from rpt.data.errors import DataError
-from rpt.data.tokenizer import backend_of, encode_documents, eos_id
+from rpt.data.tokenizer import backend_of, bos_id, encode_documents, eos_id
 
 STATE_VERSION = 2
 
@@ -56,7 +56,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         super().__init__()
         self.docs, self.chunk_len = docs, chunk_len
         self.seed, self.shuffle_buffer, self.rank, self.world_size = seed, shuffle_buffer, rank, world_size
-        self.backend, self.eos = backend_of(tokenizer), eos_id(tokenizer)
+        self.backend, self.eos, self.bos = backend_of(tokenizer), eos_id(tokenizer), bos_id(tokenizer)
         self._state: dict[str, Any] | None = None  # the position after the last chunk yielded
 
     # ---- who am I --------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ class PackedStream(torch.utils.data.IterableDataset):
             read = False
             for position, text in self._epoch_texts(state, reader, readers):
                 read = True
-                buf = np.concatenate([buf, encode_documents(self.backend, [text], self.eos)])
+                buf = np.concatenate([buf, encode_documents(self.backend, [text], self.eos, bos=self.bos)])
                 while len(buf) >= self.chunk_len:
                     chunk, buf = buf[: self.chunk_len], buf[self.chunk_len :]
                     self._state = {**position, "buffer": buf, "reader": [reader, readers]}
