@@ -192,6 +192,11 @@ def validate(cfg: TrainConfig) -> None:
         check_source_keys(cfg.val_data, "val_data")
     check_tokenizer_keys(cfg.tokenizer)
     check_model_keys(cfg.model)
+    if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and cfg.micro_batch_size == 1:
+        # transformers drops an all-ones mask and, for a batch of one, reads position_ids that are
+        # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
+        raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
+                  "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
     if cfg.warmup_steps > cfg.max_steps:
         raise bad("warmup_steps", f"use at most max_steps ({cfg.max_steps}): the learning rate would never reach its peak")
     if cfg.window < 2:

@@ -16,6 +16,8 @@ from tests.train_helpers import run_train, write_config
     ({"model": {"model_type": "llama", "hiden_size": 64}}, r"unknown key 'hiden_size' in model \(a llama config\); did you mean 'hidden_size'"),
     ({"model": {"model_type": "qwen3", "head_dimm": 64}}, r"unknown key 'head_dimm' in model \(a qwen3 config\); did you mean 'head_dim'"),
     ({"model": {"model_type": "lama"}}, r"unknown model.model_type 'lama'; did you mean 'llama'"),
+    ({"attn_implementation": "flash_attention_2", "micro_batch_size": 1}, r"'attn_implementation' = 'flash_attention_2' is invalid: flash attention with micro_batch_size 1"),
+    ({"attn_implementation": "flash_attention_3", "micro_batch_size": 1}, r"'attn_implementation'.*use attn_implementation: sdpa"),
     ({"warmup_steps": 11, "max_steps": 10}, r"'warmup_steps' = 11 is invalid: use at most max_steps \(10\)"),
 ])
 def test_nested_typos_and_impossible_settings_name_the_key(tmp_path, bad, match):
@@ -31,6 +33,12 @@ def test_known_nested_keys_pass(tmp_path):
         model={"model_type": "qwen3", "hidden_size": 64, "head_dim": 16, "rope_theta": 1e6, "tie_word_embeddings": True,
                "num_key_value_heads": 2, "layer_types": None}))
     assert cfg.model["head_dim"] == 16 and cfg.warmup_steps == cfg.max_steps
+
+
+@pytest.mark.parametrize("ok", [{"objective": "ntp", "micro_batch_size": 1}, {"micro_batch_size": 2}])
+def test_flash_attention_where_it_reads_the_sequences_right(tmp_path, ok):
+    # NTP positions are 0, 1, 2, ... (no packing to misread); two rows are never read as packed
+    assert load_config(write_config(tmp_path, attn_implementation="flash_attention_2", **ok)).attn_implementation
 
 
 def test_eval_every_fires_whatever_log_every(tmp_path):
