@@ -69,8 +69,12 @@ def model_config_keys(model_type: str) -> set[str]:
     for klass in (cls, PretrainedConfig):
         keys |= set(inspect.signature(klass.__init__).parameters) - {"self", "kwargs"}
         keys |= set(getattr(klass, "attribute_map", {}) or {})
-    default = cls()
-    keys |= set(default.to_dict()) | {a for a in dir(default) if not a.startswith("_")}  # defaults, properties
+    try:
+        default = cls()
+    except Exception:  # a composite config that needs its parts: the signature has to do
+        default = None
+    if default is not None:
+        keys |= set(default.to_dict()) | {a for a in dir(default) if not a.startswith("_")}  # defaults, properties
     # Accepted by transformers 5 as the legacy spelling of rope_parameters (converted, not dropped).
     return keys | LEGACY_MODEL_KEYS
 
