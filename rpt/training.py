@@ -241,13 +241,11 @@ def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) ->
 
 
 def trained_precision(accelerator, model) -> str:
-    """The precision the prepared model actually trains in; refuses a run whose backend
-    disagrees with the config (config.yaml and the MFU would otherwise report the wrong one)."""
-    if zero_stage(accelerator) or getattr(accelerator.state, "deepspeed_plugin", None) is not None:
-        ran = engine_precision(model)
-    else:
-        ran = {v: k for k, v in PRECISION.items()}[str(accelerator.mixed_precision)]
-    return ran
+    """The precision the prepared model actually trains in (``run`` refuses one other than the
+    config's: config.yaml and the MFU would otherwise report the wrong one)."""
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        return engine_precision(model)
+    return {v: k for k, v in PRECISION.items()}[str(accelerator.mixed_precision)]
 
 
 def make_accelerator(cfg: TrainConfig):
