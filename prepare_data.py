@@ -3,7 +3,7 @@
 
     python prepare_data.py --config configs/tiny.yaml                # into cache_dir, where train.py looks
     python prepare_data.py --config X.yaml --out data/x --num-proc 16  # then train with data: {tokens: data/x}
-    python prepare_data.py --config X.yaml --out data/x --max-tokens 10_000_000_000
+    python prepare_data.py --config X.yaml --out data/x --max-tokens 10_000_000_000  # --max-tokens needs --out
 
 Without --out the stores go where train.py looks for them (cache_dir, keyed by the sources,
 the held-out split and the tokenizer), so the next `train.py --config X.yaml` starts at once.
@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.num_proc < 1:
         print(f"error: --num-proc {args.num_proc} must be >= 1", file=sys.stderr)
+        return 2
+    if args.max_tokens is not None and not args.out:
+        # train.py looks in cache_dir for the whole corpus's store: a cut one there is never read.
+        print("error: --max-tokens needs --out DIR (train.py reads the whole corpus from cache_dir, never a cut "
+              "store); pass --out DIR and train with data: {tokens: DIR}", file=sys.stderr)
         return 2
 
     from rpt.data import build_tokenizer, prepare_store, split_sources

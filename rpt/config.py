@@ -177,6 +177,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
+    from rpt.config_keys import check_model_keys, check_source_keys, check_tokenizer_keys
     from rpt.data.errors import DataError
     from rpt.data.sources import check_sources
 
@@ -186,6 +187,18 @@ def validate(cfg: TrainConfig) -> None:
             check_sources(cfg.val_data, "val_data")
     except DataError as e:
         raise ConfigError(str(e)) from None
+    check_source_keys(cfg.data, "data")
+    if cfg.val_data is not None:
+        check_source_keys(cfg.val_data, "val_data")
+    check_tokenizer_keys(cfg.tokenizer)
+    check_model_keys(cfg.model)
+    if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and cfg.micro_batch_size == 1:
+        # transformers drops an all-ones mask and, for a batch of one, reads position_ids that are
+        # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
+        raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
+                  "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
+    if cfg.warmup_steps > cfg.max_steps:
+        raise bad("warmup_steps", f"use at most max_steps ({cfg.max_steps}): the learning rate would never reach its peak")
     if cfg.window < 2:
         raise bad("window", "use an integer >= 2 (the paper uses 3)")
     for key in ("s", "q", "val_fraction", "min_lr_ratio"):

@@ -166,7 +166,8 @@ def _train_result(run_dir: Path, steps: int) -> dict:
         "steps": steps,
         "first_eval": evals[0] if evals else None,
         "last_eval": evals[-1] if evals else None,
-        "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows) if rows else None,
+        # Rows of an evaluation between logged steps carry no throughput.
+        "tokens_per_s": (sum(r["tokens_per_s"] for r in logged) / len(logged)) if (logged := [r for r in rows if "tokens_per_s" in r]) else None,
         "loss_curves": str(run_dir / "loss_curves.png"),
     }
 

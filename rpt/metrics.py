@@ -84,11 +84,20 @@ def matmul_parameters(model) -> int:
     return total - sum(numel(p) for p in lookups)
 
 
+def attention_width(config) -> int:
+    """``heads x head_dim``: the width of the attention scores' contraction, which is not
+    ``hidden_size`` when ``head_dim`` is set apart from it (Qwen3-0.6B: 16 x 128 = 2048 vs 1024)."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads * head_dim
+
+
 def flops_per_token(model, seq_len: int) -> float:
-    """Training FLOPs per token, as nanoGPT's ``estimate_mfu`` (PaLM appendix B): 6 N for the
-    matmuls forward and backward plus 12 L H T for attention scores and values over T tokens."""
+    """Training FLOPs per token, as PaLM appendix B and torchtitan count them: 6 N for the
+    matmuls forward and backward plus 12 L (heads x head_dim) T for attention scores and values
+    over T tokens."""
     config = model.lm.config
-    return 6.0 * matmul_parameters(model) + 12.0 * config.num_hidden_layers * config.hidden_size * seq_len
+    return 6.0 * matmul_parameters(model) + 12.0 * config.num_hidden_layers * attention_width(config) * seq_len
 
 
 def _proc_status_mb(field: str) -> float | None:

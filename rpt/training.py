@@ -30,8 +30,9 @@ from rpt.checkpointing import (
     temp_dir_for,
     write_json_atomic,
 )
-from rpt.config import TrainConfig
+from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
+from rpt.deepspeed_settings import apply_run_config, engine_precision
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
@@ -234,10 +235,17 @@ def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) ->
         for p in model.lm.get_output_embeddings().parameters():
             deepspeed.zero.register_external_parameter(model, p)
     if plugin is not None:
-        # No prepared DataLoader to infer it from: tell DeepSpeed the micro-batch size.
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-        plugin.deepspeed_config["gradient_accumulation_steps"] = cfg.grad_accum
-        plugin.deepspeed_config["train_batch_size"] = cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
+        # The run's config decides precision, clipping, micro-batch and accumulation (the
+        # shipped JSONs say "auto"); a JSON value that disagrees is one error, not a silent override.
+        apply_run_config(plugin.deepspeed_config, cfg, accelerator.num_processes)
+
+
+def trained_precision(accelerator, model) -> str:
+    """The precision the prepared model actually trains in (``run`` refuses one other than the
+    config's: config.yaml and the MFU would otherwise report the wrong one)."""
+    if getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        return engine_precision(model)
+    return {v: k for k, v in PRECISION.items()}[str(accelerator.mixed_precision)]
 
 
 def make_accelerator(cfg: TrainConfig):
@@ -255,23 +263,30 @@ def make_accelerator(cfg: TrainConfig):
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
-def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> int:
-    """Load the checkpoint ``cfg.resume`` names (auto: the newest); returns its step (0: none)."""
+def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> tuple[int, int]:
+    """Load the checkpoint ``cfg.resume`` names (auto: the newest); returns its step and
+    ``data_position`` (samples read so far; ``(0, 0)``: no checkpoint)."""
     path = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else (None if cfg.resume == "none" else cfg.resume)
     if not path:
         if accelerator.is_main_process and os.path.exists(metrics_log.path):
             os.remove(metrics_log.path)
-        return 0
-    accelerator.load_state(path)
+        return 0, 0
     state = read_trainer_state(path)
+    # Before load_state: a mismatch in the data is one line, not an error deep in a loader.
     data_state = load_data_state(path, accelerator.process_index, accelerator.num_processes)
     if data_state:
         train.load_state_dict(data_state)
-    step = int(state["step"])
+    accelerator.load_state(path)
+    step, position = int(state["step"]), int(state["data_position"])
+    train.resume_at(step, position)  # a token store continues at the next unread sample
     if accelerator.is_main_process:
         metrics_log.truncate_after(step)
-        print(f"resumed from {path} at step {step} (data position {state['data_position']})")
-    return step
+        print(f"resumed from {path} at step {step} (data position {position})")
+        old_batch, batch = state.get("global_batch"), cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
+        if old_batch is not None and old_batch != batch:
+            print(f"the global batch changed from {old_batch} to {batch} samples (world size "
+                  f"{state.get('world_size')} -> {accelerator.num_processes}): continuing at sample {position}")
+    return step, position
 
 
 def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, data_state: dict | None = None) -> None:
@@ -285,7 +300,9 @@ def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         write_json_atomic(os.path.join(tmp, "trainer_state.json"), {
-            "step": step, "data_position": data_position, "world_size": accelerator.num_processes, "config": cfg.to_dict(),
+            "step": step, "data_position": data_position, "world_size": accelerator.num_processes,
+            "global_batch": cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes,
+            "data_workers": cfg.data_workers, "config": cfg.to_dict(),
         })
         commit_dir(tmp, final_path)
         prune_checkpoints(cfg.output_dir, cfg.keep_last)
@@ -332,12 +349,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # step it once per process); checkpointed through register_for_checkpointing.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     accelerator.register_for_checkpointing(scheduler)
-    peak = device_peak_flops(accelerator.device, cfg.precision, cfg.peak_tflops)
+    ran = trained_precision(accelerator, model)
+    if ran != cfg.precision:
+        raise ConfigError(f"config key 'precision' is {cfg.precision} but the backend trains in {ran} (the accelerate "
+                          f"launch config's mixed_precision or DeepSpeed JSON); make them agree")
+    if main and getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+        print(f"DeepSpeed ZeRO-{zero_stage(accelerator)}: {ran}, gradient clipping {model.gradient_clipping()}, "
+              f"micro-batch {model.train_micro_batch_size_per_gpu()}, accumulation {model.gradient_accumulation_steps()}")
+    peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
     global_batch = cfg.micro_batch_size * cfg.grad_accum * world
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-    start_step = resume(accelerator, cfg, train, metrics_log)
+    start_step, start_position = resume(accelerator, cfg, train, metrics_log)
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
     if main:
@@ -371,23 +395,27 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         speed.add(global_batch * cfg.seq_len)
         bar.update(1)
 
+        row: dict[str, Any] = {}
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             row = {"step": step, **meter.reduce(accelerator), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None, **speed.row(),
-                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": step * global_batch}
+                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": start_position + (step - start_step) * global_batch}
             meter.reset()
-            if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-                row.update(evaluate(model, cfg, val, accelerator))
+        # Its own schedule: evaluating only on logged steps skipped eval_every steps log_every misses.
+        if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+            row = {"step": step, **row, **evaluate(model, cfg, val, accelerator)}
+        if row:
             if main:
                 metrics_log.write(row)
-                bar.set_postfix_str(progress_line(row))
+                if "loss" in row:
+                    bar.set_postfix_str(progress_line(row))
             if cfg.report_to != "none":
                 accelerator.log({k: v for k, v in row.items() if v is not None}, step=step)
             last = row
-            speed.restart()  # evaluation time is not training throughput
+            speed.restart()  # evaluation and logging time is not training throughput
 
         if step % cfg.save_every == 0 or step == cfg.max_steps:
-            save_checkpoint(accelerator, cfg, step, step * global_batch, train.state_dict())
+            save_checkpoint(accelerator, cfg, step, start_position + (step - start_step) * global_batch, train.state_dict())
             speed.restart()
     bar.close()
 

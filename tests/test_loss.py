@@ -121,3 +121,21 @@ def test_llama3_vocabulary_step_adds_at_most_a_quarter_of_the_float32_logits():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["float32_logits_mb"] > 1000
     assert result["added_mb"] <= 250, result
+
+
+@pytest.mark.parametrize("chunks", [1, 32, 256])
+def test_bf16_weight_gradient_does_not_degrade_with_chunks(chunks):
+    """The head's weight gradient from bf16 operands against float64 autograd on the same
+    (bf16-representable) values: within 3e-3 relative, whatever the number of chunks (a bf16
+    running sum gave 7e-3 at 32 chunks and 1.7e-2 at 256)."""
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 1024, 64, 512
+    hidden = torch.randn(n, h, generator=g).to(torch.bfloat16)
+    weight = (0.1 * torch.randn(v, h, generator=g)).to(torch.bfloat16)
+    labels = torch.randint(0, v, (n,), generator=g)
+    w64 = weight.double().requires_grad_(True)
+    torch.nn.functional.cross_entropy(hidden.double() @ w64.t(), labels, reduction="sum").backward()
+    w = weight.clone().requires_grad_(True)
+    linear_cross_entropy(hidden, w, None, labels, n // chunks).sum().backward()
+    rel = float((w.grad.double() - w64.grad).norm() / w64.grad.norm())
+    assert rel < 3e-3, rel

@@ -70,5 +70,11 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert prepare_data.main(["--config", cfg, "data.text_field=body"]) == 2
     err = capsys.readouterr().err
     assert "no text field 'body'" in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+    # a cut store in cache_dir would never be read by train.py (which wants the whole corpus)
+    assert prepare_data.main(["--config", cfg, "--max-tokens", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-tokens needs --out DIR" in err
+    cache = tmp_path / "cache"
+    assert not (cache.is_dir() and [n for n in os.listdir(cache) if n.startswith("tokens-")])  # nothing written
     with pytest.raises(DataError, match="not a token store"):
         build_packed(load_config(write_config(tmp_path, data={"tokens": str(tmp_path)})), "train", tiny_tokenizer())

@@ -207,3 +207,23 @@ def test_recipe_validates_on_documents_training_never_sees():
     assert split_sources(cfg, "train") == (cfg.data, "train")
     assert split_sources(cfg, "validation") == (cfg.data, "validation")
     assert all(s["streaming"] for s in cfg.data)
+
+
+def test_flops_per_token_of_a_qwen3_shape_counts_heads_times_head_dim():
+    """Qwen3-0.6B's shape (hidden 1024, 16 heads of 128, 8 KV heads, 28 layers, MLP 3072, tied
+    151936-token head), built on the meta device: 6 N + 12 L (16 x 128) T with N counted by hand."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rpt.metrics import flops_per_token
+
+    shape = dict(hidden_size=1024, num_attention_heads=16, head_dim=128, num_key_value_heads=8, num_hidden_layers=28,
+                 intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = RPTForCausalLM.from_base(AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3", **shape)), window=3)
+    h, a, kv, m, layers, v = 1024, 16 * 128, 8 * 128, 3072, 28, 151936
+    per_layer = h * a + 2 * h * kv + a * h + 3 * h * m + 2 * h + 2 * 128  # q, k, v, o, MLP, 2 norms, q/k norms
+    n = layers * per_layer + h + v * h  # final norm; the tied head counts once, as a matmul
+    T = 4096
+    expected = 6 * n + 12 * layers * a * T
+    assert flops_per_token(model, T) == pytest.approx(expected, rel=0.01)
+    assert flops_per_token(model, T) == pytest.approx(expected, rel=1e-9)  # by hand, exactly

@@ -19,7 +19,7 @@ from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
 from rpt.data.token_store import INDEX, TokenStore, write_token_store
-from rpt.data.tokenizer import load_or_train_tokenizer, tokenizer_fingerprint
+from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, tokenizer_fingerprint
 
 SPLITS = ("train", "validation")
 
@@ -46,8 +46,11 @@ def default_store_path(cfg, split: str, tokenizer, max_tokens: int | None = None
     """Where training looks for (and writes) the store of a text split: keyed by what shapes it."""
     sources, holdout = split_sources(cfg, split)
     mixture_seed = cfg.seed if len(as_list(sources)) > 1 else None  # interleaving draws from the seed
-    key = _key("store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
-               tokenizer_fingerprint(tokenizer), max_tokens)
+    parts = ["store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
+             tokenizer_fingerprint(tokenizer), max_tokens]
+    if bos_id(tokenizer) is not None:  # stores of BOS-prepending tokenizers now hold BOS: not the old ones
+        parts.append(("bos", bos_id(tokenizer)))
+    key = _key(*parts)
     return os.path.join(cfg.cache_dir, f"tokens-{split}-{key}")
 
 
@@ -118,20 +121,15 @@ def open_store(cfg, split: str, tokenizer) -> TokenStore:
 
 
 def _stream_batches(cfg, tokenizer, rank: int, world_size: int):
-    from datasets.distributed import split_dataset_by_node
-
     from rpt.data.streaming import PackedStream, StreamBatches
 
     sources, holdout = split_sources(cfg, "train")
     docs = documents(sources, holdout, cfg.val_fraction, cfg.seed)
-    if cfg.shuffle_buffer > 0:
-        docs = docs.shuffle(seed=cfg.seed, buffer_size=cfg.shuffle_buffer)  # same seed on every rank
-    if world_size > 1:
-        # Whole shards per rank when there are enough (each rank reads only its files); else
-        # every rank reads the stream and keeps one document in world_size.
-        strategy = "shards" if docs.num_shards >= world_size else "examples"
-        docs = split_dataset_by_node(docs, rank=rank, world_size=world_size, strategy=strategy)
-    return StreamBatches(PackedStream(docs, tokenizer, cfg.seq_len + 1), cfg.micro_batch_size, cfg.data_workers, rank)
+    # The whole stream: PackedStream splits it by (rank, worker) and shuffles it itself, so that
+    # the order is a function of (seed, epoch, position) and resumes exactly (rpt.data.streaming).
+    stream = PackedStream(docs, tokenizer, cfg.seq_len + 1, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer,
+                          rank=rank, world_size=world_size)
+    return StreamBatches(stream, cfg.micro_batch_size, cfg.data_workers, rank)
 
 
 def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1):

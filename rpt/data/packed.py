@@ -56,23 +56,33 @@ class PackedStore:
 class StoreBatches:
     """The training loop's view of a :class:`PackedStore`: micro-batches by global index.
 
-    Step ``t`` (1-based) consumes samples ``[(t-1) B, t B)`` with ``B`` the global batch; its
-    global micro-batch ``j`` is the ``j``-th run of ``micro_batch_size`` samples in it. There is
-    no iterator state: a checkpoint only needs the step.
+    Step ``t`` (1-based) consumes samples ``[p0 + (t-1-t0) B, p0 + (t-t0) B)`` with ``B`` the
+    global batch and ``(t0, p0)`` the step and ``data_position`` the run resumed from (``(0, 0)``
+    for a fresh run); its global micro-batch ``j`` is the ``j``-th run of ``micro_batch_size``
+    samples in it. Resuming with another global batch (world size, micro-batch, accumulation)
+    thus continues at the next unread sample: nothing is read twice or skipped.
     """
 
     def __init__(self, packed: PackedStore, micro_batch_size: int, global_batch: int):
         self.packed, self.micro_batch_size, self.global_batch = packed, micro_batch_size, global_batch
+        self.start_step, self.start_position = 0, 0
 
     def __len__(self) -> int:
         return len(self.packed)
 
+    def resume_at(self, step: int, data_position: int) -> None:
+        """Continue after ``step``, at which the run had read ``data_position`` samples."""
+        self.start_step, self.start_position = step, data_position
+
+    def first_sample(self, step: int, micro: int) -> int:
+        return self.start_position + (step - 1 - self.start_step) * self.global_batch + micro * self.micro_batch_size
+
     def micro_batch(self, step: int, micro: int) -> torch.Tensor:
-        start = (step - 1) * self.global_batch + micro * self.micro_batch_size
+        start = self.first_sample(step, micro)
         return self.packed.rows(range(start, start + self.micro_batch_size))
 
     def state_dict(self) -> dict:
-        return {}
+        return {}  # the position is the trainer state's data_position
 
     def load_state_dict(self, state: dict) -> None:
         pass

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rpt.data.errors import DataError
-from rpt.data.tokenizer import backend_of, encode_documents, eos_id, tokenizer_fingerprint
+from rpt.data.tokenizer import backend_of, bos_id, encode_documents, eos_id, tokenizer_fingerprint
 
 INDEX = "index.json"
 FORMAT = "rpt-token-store"
@@ -105,6 +105,9 @@ class TokenStore:
         if theirs != ours:
             raise DataError(f"token store {self.path} was written with another tokenizer ({theirs}, this run's is "
                             f"{ours}); train with its tokenizer ({os.path.join(self.path, 'tokenizer')}) or prepare it again")
+        if self.meta.get("bos_id") != bos_id(tokenizer):  # stores written before BOS was packed have none
+            raise DataError(f"token store {self.path} holds documents with BOS id {self.meta.get('bos_id')} but this run's "
+                            f"tokenizer puts {bos_id(tokenizer)} before a text; prepare the store again")
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -129,26 +132,26 @@ def _no_documents():
     yield from ()
 
 
-def _shard_arrays(docs, index: int, backend, eos: int, dtype: np.dtype) -> Iterator[tuple[np.ndarray, int]]:
-    """Token arrays of shard ``index`` of ``docs``, a batch of documents at a time."""
+def _shard_arrays(docs, index: int, backend, specials: tuple[int, int | None], dtype: np.dtype) -> Iterator[tuple[np.ndarray, int]]:
+    """Token arrays of shard ``index`` of ``docs``, a batch of documents at a time (``specials``: EOS, BOS)."""
     shard = docs.shard(num_shards=docs.num_shards, index=index, contiguous=True) if docs.num_shards > 1 else docs
     for batch in _batches((ex["text"] for ex in shard), BATCH_DOCUMENTS):
-        yield encode_documents(backend, batch, eos, dtype), len(batch)
+        yield encode_documents(backend, batch, specials[0], dtype, bos=specials[1]), len(batch)
 
 
 _WORKER: tuple | None = None
 
 
-def _worker_init(docs, tokenizer_json: str, eos: int, dtype: str) -> None:
+def _worker_init(docs, tokenizer_json: str, specials: tuple[int, int | None], dtype: str) -> None:
     global _WORKER
     from tokenizers import Tokenizer
 
-    _WORKER = (docs, Tokenizer.from_str(tokenizer_json), eos, np.dtype(dtype))
+    _WORKER = (docs, Tokenizer.from_str(tokenizer_json), specials, np.dtype(dtype))
 
 
 def _worker_shard(index: int) -> tuple[np.ndarray, int]:
-    docs, backend, eos, dtype = _WORKER
-    parts = list(_shard_arrays(docs, index, backend, eos, dtype))
+    docs, backend, specials, dtype = _WORKER
+    parts = list(_shard_arrays(docs, index, backend, specials, dtype))
     return np.concatenate([a for a, _ in parts]) if parts else np.empty(0, dtype), sum(n for _, n in parts)
 
 
@@ -171,10 +174,10 @@ def _encoded(docs, tokenizer, dtype: np.dtype, num_proc: int) -> Iterator[tuple[
     """Token arrays in document order: shard after shard, each tokenised by one of ``num_proc``
     processes (as ``datasets.map(num_proc=...)`` splits a dataset), written in shard order, so
     the store is the same for any ``num_proc``."""
-    backend, eos = backend_of(tokenizer), eos_id(tokenizer)
+    backend, specials = backend_of(tokenizer), (eos_id(tokenizer), bos_id(tokenizer))
     if num_proc <= 1:
         for index in range(docs.num_shards):
-            yield from _shard_arrays(docs, index, backend, eos, dtype)
+            yield from _shard_arrays(docs, index, backend, specials, dtype)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -182,7 +185,7 @@ def _encoded(docs, tokenizer, dtype: np.dtype, num_proc: int) -> Iterator[tuple[
     # spawn: the parent may hold threads (tokenizers, torch) that a fork would copy mid-lock.
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(num_proc, mp_context=ctx, initializer=_worker_init,
-                             initargs=(docs, backend.to_str(), eos, dtype.str)) as pool:
+                             initargs=(docs, backend.to_str(), specials, dtype.str)) as pool:
         pending: deque = deque()
         shards = iter(range(docs.num_shards))
         try:
@@ -275,7 +278,7 @@ def write_token_store(
         index = {
             "format": FORMAT, "version": VERSION, "dtype": dtype.name, "num_tokens": num_tokens,
             "num_documents": num_docs, "shards": writer.shards, "vocab_size": len(tokenizer),
-            "eos_id": eos_id(tokenizer), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "eos_id": eos_id(tokenizer), "bos_id": bos_id(tokenizer), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
             "num_proc": num_proc, "seconds": round(seconds, 3), "tokens_per_s": round(num_tokens / max(seconds, 1e-9), 1),
             **(meta or {}),
         }

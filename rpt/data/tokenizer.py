@@ -83,21 +83,36 @@ def eos_id(tokenizer) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def encode_documents(backend, texts: list[str], eos: int, dtype=np.int64) -> np.ndarray:
-    """The documents' tokens, each document followed by EOS, as one flat array.
+def bos_id(tokenizer) -> int | None:
+    """The BOS id the tokenizer itself puts before a text (``tokenizer(text)``, as ``sample.py``
+    prompts get it: Llama-3-style post-processors), else None (GPT-2 style, the trained BPE)."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    ids = tokenizer("x")["input_ids"]  # add_special_tokens=True: what a prompt gets
+    return int(bos) if ids and ids[0] == bos else None
+
+
+def encode_documents(backend, texts: list[str], eos: int, dtype=np.int64, bos: int | None = None) -> np.ndarray:
+    """The documents' tokens, each document followed by EOS (and preceded by ``bos`` when the
+    tokenizer prepends one: :func:`bos_id`), as one flat array.
 
     The single definition of tokenisation: the token-store writer (in any number of processes)
     and the streaming packer both call it, so a store and a stream of the same documents hold
-    the same tokens. ``add_special_tokens=False`` as in ``tokenizer(text, add_special_tokens=False)``.
+    the same tokens. The text itself is encoded with ``add_special_tokens=False`` and the
+    specials are placed here, so a document is ``[BOS] text EOS`` exactly once each.
     """
     # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we do not use.
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     encodings = encode(texts, add_special_tokens=False)
-    out = np.empty(sum(len(e.ids) + 1 for e in encodings), dtype=dtype)
+    lead = 0 if bos is None else 1
+    out = np.empty(sum(lead + len(e.ids) + 1 for e in encodings), dtype=dtype)
     at = 0
     for e in encodings:
+        if bos is not None:
+            out[at] = bos
         n = len(e.ids)
-        out[at : at + n] = e.ids
-        out[at + n] = eos
-        at += n + 1
+        out[at + lead : at + lead + n] = e.ids
+        out[at + lead + n] = eos
+        at += lead + n + 1
     return out

@@ -1,0 +1,85 @@
+"""Keys inside the config's nested mappings: a typo is an error naming the key, its mapping and
+the closest known key -- never a setting silently ignored (``spilt: validation`` reading the
+train split, ``hiden_size: 64`` building the model type's default shape).
+
+* data / val_data sources: the keys :mod:`rpt.data.sources` reads, per kind of source;
+* ``tokenizer: {train_bpe: {...}}``;
+* ``model: {model_type: ..., ...}``: the attributes of that model type's ``transformers`` config
+  class (its ``__init__`` arguments, its defaults, its attribute aliases).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from rpt.config import ConfigError
+
+COMMON_SOURCE_KEYS = {"weight"}
+TEXT_SOURCE_KEYS = {"text_field", "streaming"}
+SOURCE_KEYS = {
+    "stdlib": {"stdlib", "streaming"},
+    "path": {"path"} | TEXT_SOURCE_KEYS,
+    "hub": {"hub", "config", "split", "revision", "data_dir", "data_files"} | TEXT_SOURCE_KEYS,
+    "tokens": {"tokens"},
+}
+STDLIB_KEYS = {"max_files"}
+TRAIN_BPE_KEYS = {"vocab_size"}
+LEGACY_MODEL_KEYS = {"rope_theta", "rope_scaling"}
+
+
+def check_keys(mapping: dict, known: Iterable[str], where: str) -> None:
+    known = set(known)
+    for key in mapping:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+            raise ConfigError(f"unknown key {key!r} in {where}; {hint}")
+
+
+def check_source_keys(sources: Any, name: str) -> None:
+    """Each source of ``data`` / ``val_data`` (already checked to be mappings of one kind)."""
+    for i, source in enumerate(sources if isinstance(sources, list) else [sources]):
+        kind = next(k for k in SOURCE_KEYS if k in source)
+        where = f"{name}[{i}] ({kind} source)" if isinstance(sources, list) else f"{name} ({kind} source)"
+        check_keys(source, SOURCE_KEYS[kind] | COMMON_SOURCE_KEYS, where)
+        if kind == "stdlib" and isinstance(source["stdlib"], dict):
+            check_keys(source["stdlib"], STDLIB_KEYS, f"{where[: -len(' (stdlib source)')]}.stdlib")
+
+
+def check_tokenizer_keys(spec: Any) -> None:
+    if isinstance(spec, dict):
+        check_keys(spec, {"train_bpe"}, "tokenizer")
+        if isinstance(spec["train_bpe"], dict):
+            check_keys(spec["train_bpe"], TRAIN_BPE_KEYS, "tokenizer.train_bpe")
+
+
+def model_config_keys(model_type: str) -> set[str]:
+    """The keys a ``transformers`` config of ``model_type`` understands."""
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    if model_type not in CONFIG_MAPPING:
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING.keys()), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "use a transformers model type such as llama or qwen3"
+        raise ConfigError(f"unknown model.model_type {model_type!r}; {hint}")
+    cls = CONFIG_MAPPING[model_type]
+    keys: set[str] = set()
+    for klass in (cls, PretrainedConfig):
+        keys |= set(inspect.signature(klass.__init__).parameters) - {"self", "kwargs"}
+        keys |= set(getattr(klass, "attribute_map", {}) or {})
+    try:
+        default = cls()
+    except Exception:  # a composite config that needs its parts: the signature has to do
+        default = None
+    if default is not None:
+        keys |= set(default.to_dict()) | {a for a in dir(default) if not a.startswith("_")}  # defaults, properties
+    # Accepted by transformers 5 as the legacy spelling of rope_parameters (converted, not dropped).
+    return keys | LEGACY_MODEL_KEYS
+
+
+def check_model_keys(spec: Any) -> None:
+    if isinstance(spec, dict):
+        check_keys({k: v for k, v in spec.items() if k != "model_type"}, model_config_keys(str(spec["model_type"])),
+                   f"model (a {spec['model_type']} config)")
