@@ -41,6 +41,13 @@ def test_train_end_to_end_writes_everything(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(run / "final")
     assert tok.eos_token is not None
+    # the trained checkpoint is faithful: plain transformers computes the RPT model's NTP logits
+    from transformers import AutoModelForCausalLM
+
+    x = torch.randint(0, len(tok), (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = AutoModelForCausalLM.from_pretrained(run / "final").eval()(x).logits
+        assert (plain - model.eval()(x).logits).abs().max() <= 1e-4
     assert (run / "loss_curves.png").stat().st_size > 1000
     assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
 
