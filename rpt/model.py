@@ -129,7 +129,17 @@ class RPTForCausalLM(nn.Module):
                     "pass window=W to wrap it with a fresh zero offset table"
                 )
             return cls.from_base(base, window)
-        with open(config_file) as f:
+        return cls.attach_table(base, path_or_id, window, **lookup)
+
+    @classmethod
+    def attach_table(cls, base: PreTrainedModel, path_or_id: str | os.PathLike, window: int | None = None,
+                     **lookup) -> RPTForCausalLM:
+        """Wrap ``base`` (its weights, no copy) with the offset table of the RPT checkpoint ``path_or_id``.
+
+        ``base`` must hold that checkpoint's base weights (``AutoModelForCausalLM.from_pretrained`` of it).
+        """
+        path_or_id = str(path_or_id)
+        with open(cached_file(path_or_id, RPT_CONFIG_NAME, **lookup)) as f:
             rpt_config = json.load(f)
         trained = int(rpt_config["window"])
         if window is not None and window > trained:
@@ -182,6 +192,9 @@ class RPTForCausalLM(nn.Module):
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
             json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION,
                        "ntp_row_folded": True, "untied_embeddings": tied}, f, indent=2)
+        from rpt.hf_generate import write_custom_generate  # late: rpt.sampling imports this module
+
+        write_custom_generate(path)  # model.generate(custom_generate=path, ...) runs RPT (rpt.hf_generate)
 
     # ---- HF-like conveniences --------------------------------------------------------------
     @property
