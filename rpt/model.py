@@ -113,7 +113,8 @@ class RPTForCausalLM(nn.Module):
 
         ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
         ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
-        smaller than the trained one (the table keeps all trained rows) but not larger.
+        smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
+        checkpoint (:mod:`rpt.lora`) loads with its adapter merged into the base weights.
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
@@ -121,6 +122,15 @@ class RPTForCausalLM(nn.Module):
             path_or_id, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False, **lookup,
         )
+        if config_file is not None:
+            with open(config_file) as f:
+                rpt_config = json.load(f)
+            if isinstance(rpt_config.get("lora"), dict):  # an adapter directory (rpt.lora): merged for inference
+                from rpt.lora import load_lora
+
+                model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
+                model.merged_from_lora = True
+                return model
         base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
         if config_file is None:
             if window is None:

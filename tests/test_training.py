@@ -146,6 +146,8 @@ def test_config_overrides_and_base_inheritance(tmp_path):
         ("report_to=mlflow", "'report_to'"),
         ("seq_len=2", "'seq_len'"),
         ("resume=/no/such/dir", "'resume'"),
+        ("lora.rank=4", "'lora'.*unknown key 'rank'"),
+        ("lora=8", "'lora'.*use a mapping"),
     ],
 )
 def test_bad_config_values_name_the_key(tmp_path, override, match):
