@@ -115,9 +115,9 @@ def test_long_prompts_are_cut_from_the_left_to_fit(ckpt):
 
 def test_package_registers_the_model_through_the_lm_eval_entry_point():
     """pyproject's ``lm_eval.models`` entry point names a class lm-eval can load by name, no import flags."""
-    import tomllib
     from importlib.metadata import EntryPoint
 
+    import tomllib
     from lm_eval.api.model import LM
 
     with open(ROOT / "pyproject.toml", "rb") as f:
