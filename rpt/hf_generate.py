@@ -41,8 +41,8 @@ def write_custom_generate(checkpoint: str) -> None:
         shutil.copyfile(os.path.join(TEMPLATE_DIR, name), os.path.join(target, name))
 
 
-def sampling_config(model, kwargs: dict) -> tuple[SamplingConfig, dict]:
-    """The :class:`SamplingConfig` the keywords ask for, and the keywords left for the decoder."""
+def sampling_config(model, kwargs: dict) -> SamplingConfig:
+    """The :class:`SamplingConfig` the keywords ask for (an unknown keyword is a ``ValueError``)."""
     unknown = sorted(k for k, v in kwargs.items() if k not in _FIELDS | _HF_IGNORED and v is not None)
     if unknown:
         raise ValueError(f"RPT custom_generate does not take {unknown}; it takes the SamplingConfig fields "
@@ -58,7 +58,7 @@ def sampling_config(model, kwargs: dict) -> tuple[SamplingConfig, dict]:
         eos = model.generation_config.eos_token_id
         if eos is not None:
             fields["eos_token_id"] = eos
-    return SamplingConfig(**fields), kwargs
+    return SamplingConfig(**fields)
 
 
 def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
@@ -91,7 +91,7 @@ def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor 
     ids = input_ids if input_ids is not None else inputs
     if ids is None:
         raise ValueError("pass the prompt token ids as input_ids (a [batch, T] LongTensor, left-padded with attention_mask)")
-    config, _ = sampling_config(model, kwargs)
+    config = sampling_config(model, kwargs)
     rpt = rpt_model_for(model, rpt_checkpoint, config.rpt_iters)
     check_checkpoint(getattr(rpt, "window", None), config, str(rpt_checkpoint or model.name_or_path))
     was_training = rpt.training

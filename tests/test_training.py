@@ -12,7 +12,7 @@ import yaml
 from rpt.config import ConfigError, load_config
 from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
-from tests.train_helpers import ROOT, env, run_train, train_cmd, write_config
+from tests.train_helpers import MICRO, ROOT, env, run_train, train_cmd, write_config
 
 
 def losses(run_dir):
@@ -20,7 +20,8 @@ def losses(run_dir):
 
 
 def test_train_end_to_end_writes_everything(tmp_path):
-    cfg = write_config(tmp_path, plot=True)
+    # tied embeddings, as the demo's configs: final/ must untie them to be faithful (rpt.faithful)
+    cfg = write_config(tmp_path, plot=True, model={**MICRO["model"], "tie_word_embeddings": True})
     res = run_train(cfg)
     assert res.returncode == 0, res.stderr[-3000:]
     run = tmp_path / "run"
@@ -48,6 +49,7 @@ def test_train_end_to_end_writes_everything(tmp_path):
     with torch.no_grad():
         plain = AutoModelForCausalLM.from_pretrained(run / "final").eval()(x).logits
         assert (plain - model.eval()(x).logits).abs().max() <= 1e-4
+    assert json.loads((run / "final" / "rpt_config.json").read_text())["untied_embeddings"] is True
     assert (run / "loss_curves.png").stat().st_size > 1000
     assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
 
