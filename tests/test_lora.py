@@ -144,3 +144,26 @@ def test_lora_under_ddp_and_deepspeed(tmp_path, launch):
             assert torch.allclose(adapter[k], ref[k], rtol=1e-4, atol=1e-6), k
         assert torch.allclose(table["offset_embedding.weight"], ref_table["offset_embedding.weight"], atol=1e-6)
     RPTForCausalLM.from_pretrained(tmp_path / "dist" / "final")  # loads (merged)
+
+
+def test_adapter_on_a_faithful_rpt_checkpoint(tmp_path):
+    """LoRA from an RPT checkpoint (init_from): its base is folded, its table relative; the adapter's
+    saved table is relative to that base, so loading gives the trained model back."""
+    start = RPTForCausalLM.from_base(tiny_llama(tie_word_embeddings=True), window=3)
+    with torch.no_grad():
+        start.offset_embedding.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+    start.save_pretrained(tmp_path / "rpt")
+    model = RPTForCausalLM.from_pretrained(tmp_path / "rpt")
+    add_lora(model, SECTION)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "offset_embedding" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    x, ids, kw = inputs()
+    with torch.no_grad():
+        ntp, ptp = model.eval()(x).logits, model(ids, **kw).logits
+        save_lora_checkpoint(model, str(tmp_path / "lora"), SECTION, base=str(tmp_path / "rpt"))
+        assert not (tmp_path / "lora" / "base").exists()  # the base is referred to, not copied
+        loaded = RPTForCausalLM.from_pretrained(tmp_path / "lora")
+        assert (loaded(ids, **kw).logits - ptp).abs().max() < 1e-4 and (loaded(x).logits - ntp).abs().max() < 1e-4
