@@ -13,7 +13,9 @@ greedy; ``True`` without a temperature: temperature 1), ``max_new_tokens``, ``eo
 ``attention_mask``, ``streamer``, ``tokenizer`` (stop strings, token healing) and
 ``rpt_checkpoint`` (where the table is, default the directory the model was loaded from).
 Returns the ``[batch, prompt + new]`` sequences like HF, or with ``return_dict_in_generate=True``
-the :class:`~rpt.sampling.GenerateOutput`.
+the :class:`~rpt.sampling.GenerateOutput`. Of the model's ``generation_config`` only
+``eos_token_id`` is read (the defaults are :class:`~rpt.sampling.SamplingConfig`'s: greedy, 256
+new tokens); a ``generation_config=`` argument, beams or logits processors are errors that say so.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rpt.sampling.config import SamplingConfig
 
 _FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 # Arguments transformers' generate forwards on every call; they carry nothing RPT uses.
-_HF_IGNORED = {"generation_config", "pad_token_id", "use_cache", "synced_gpus", "use_model_defaults",
+_HF_IGNORED = {"pad_token_id", "use_cache", "synced_gpus", "use_model_defaults",
                "output_scores", "output_logits", "do_sample"}
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_generate")
 

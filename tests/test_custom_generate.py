@@ -62,6 +62,10 @@ def test_bad_keywords_and_missing_table_are_clear_errors(ckpt, tmp_path):
     x = prompts()[0][:1]
     with pytest.raises(ValueError, match=r"does not take \['num_beams'\]"):
         plain.generate(x, custom_generate=path, trust_remote_code=True, num_beams=4)
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError, match=r"does not take \['generation_config'\]"):
+        plain.generate(x, custom_generate=path, trust_remote_code=True, generation_config=GenerationConfig(max_new_tokens=3))
     with pytest.raises(ValueError, match="SamplingConfig.confidence"):
         plain.generate(x, custom_generate=path, trust_remote_code=True, rpt_iters=1, confidence=2.0)
     base = tiny_llama(vocab_size=300)
