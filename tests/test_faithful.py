@@ -85,3 +85,20 @@ def test_unknown_format_version_is_one_clear_error(tmp_path):
     (tmp_path / RPT_CONFIG_NAME).write_text(json.dumps({**cfg, "format_version": 9}))
     with pytest.raises(ValueError, match="format version 9.*upgrade rpt"):
         RPTForCausalLM.from_pretrained(tmp_path)
+
+
+def test_fine_tuning_a_faithful_checkpoint_stays_faithful(tmp_path):
+    """init_from a folded checkpoint (row 0 of its table is zero), train, save again: the second
+    fold adds the newly learned row on top of the first; plain transformers still equals RPT NTP."""
+    rpt_model("gpt2-tied").save_pretrained(tmp_path / "ar")
+    model = RPTForCausalLM.from_pretrained(tmp_path / "ar")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # as if fine-tuned: every weight and the whole table move
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    x, ids, kw = ptp_inputs(3)
+    with torch.no_grad():
+        ntp, ptp = model(x).logits, model(ids, **kw).logits
+        model.save_pretrained(tmp_path / "rpt")
+        assert (AutoModelForCausalLM.from_pretrained(tmp_path / "rpt")(x).logits - ntp).abs().max() <= 1e-4
+        assert (RPTForCausalLM.from_pretrained(tmp_path / "rpt")(ids, **kw).logits - ptp).abs().max() <= 1e-5
