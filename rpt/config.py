@@ -72,6 +72,9 @@ class TrainConfig:
     loss_chunk_mb: int = 32  # the loss computes float32 logits for this many MB of them at a time
     peak_tflops: float | None = None  # per-device peak for the MFU estimate (None: known GPUs only)
     gradient_checkpointing: bool = False
+    # LoRA: {r, alpha, dropout, target_modules} (PEFT LoraConfig fields); the offset table trains in
+    # full beside the adapter, final/ is a PEFT adapter directory plus the table (rpt/lora.py)
+    lora: Any = None
     attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 | None (HF default)
     output_dir: str = "runs/default"
     resume: str = "auto"  # auto | none | a checkpoint path
@@ -221,6 +224,12 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("lr", "use a positive learning rate")
     if cfg.weight_decay < 0 or cfg.max_grad_norm < 0:
         raise ConfigError("config keys 'weight_decay' and 'max_grad_norm' must be >= 0 (0 disables clipping)")
+    if cfg.lora is not None:
+        from rpt.lora import check_section
+
+        problem = check_section(cfg.lora)
+        if problem:
+            raise ConfigError(f"config key 'lora' = {cfg.lora!r} is invalid: {problem}")
     if cfg.resume not in ("auto", "none") and not os.path.isdir(cfg.resume):
         raise bad("resume", "use auto, none, or an existing checkpoint directory")
 

@@ -9,8 +9,10 @@ The table is **zero-initialised**, so a freshly wrapped model computes exactly t
 logits: fine-tuning starts from the pretrained NTP model, as in the paper.
 
 A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus two files,
-``rpt_config.json`` and ``rpt_offset_embedding.safetensors``; ``AutoModelForCausalLM`` still
-loads it (as the NTP model without the table's constant "+1" row).
+``rpt_config.json`` and ``rpt_offset_embedding.safetensors``. Its base weights hold the table's NTP
+row folded into the input embedding (format version 2, :mod:`rpt.faithful`), so
+``AutoModelForCausalLM`` loads exactly the trained model's next-token predictor; version-1
+checkpoints (unfolded) still load here.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, cached_file
 
+from rpt.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED, embeddings_tied, fold_ntp_row, module_key
 from rpt.loss import chunk_tokens, linear_cross_entropy
 from rpt.objective import IGNORE_INDEX
 
 RPT_CONFIG_NAME = "rpt_config.json"
 RPT_TABLE_NAME = "rpt_offset_embedding.safetensors"
-RPT_FORMAT_VERSION = 1
+RPT_FORMAT_VERSION = FORMAT_FOLDED
 
 
 @dataclass
@@ -44,13 +47,19 @@ class RPTOutput(ModelOutput):
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    past_key_values: object | None = None
+    # transformers >= 5.2x names the KV cache ``cache`` (and maps ``past_key_values=`` to it);
+    # the property below keeps ``.past_key_values`` readable on every 5.x.
+    cache: object | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     ntp_loss: torch.Tensor | None = None
     ptp_loss: torch.Tensor | None = None
     kind_loss_sum: torch.Tensor | None = None
     kind_count: torch.Tensor | None = None
+
+    @property
+    def past_key_values(self):
+        return self.cache
 
     def loss_dict(self) -> dict[str, float]:
         """``{"loss", "ntp_loss", "ptp_loss_1", ...}`` as floats (NaN for a kind with no positions)."""
@@ -104,7 +113,8 @@ class RPTForCausalLM(nn.Module):
 
         ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
         ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
-        smaller than the trained one (the table keeps all trained rows) but not larger.
+        smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
+        checkpoint (:mod:`rpt.lora`) loads with its adapter merged into the base weights.
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
@@ -112,6 +122,15 @@ class RPTForCausalLM(nn.Module):
             path_or_id, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
             _raise_exceptions_for_connection_errors=False, **lookup,
         )
+        if config_file is not None:
+            with open(config_file) as f:
+                rpt_config = json.load(f)
+            if isinstance(rpt_config.get("lora"), dict):  # an adapter directory (rpt.lora): merged for inference
+                from rpt.lora import load_lora
+
+                model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
+                model.merged_from_lora = True
+                return model
         base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
         if config_file is None:
             if window is None:
@@ -120,7 +139,17 @@ class RPTForCausalLM(nn.Module):
                     "pass window=W to wrap it with a fresh zero offset table"
                 )
             return cls.from_base(base, window)
-        with open(config_file) as f:
+        return cls.attach_table(base, path_or_id, window, **lookup)
+
+    @classmethod
+    def attach_table(cls, base: PreTrainedModel, path_or_id: str | os.PathLike, window: int | None = None,
+                     **lookup) -> RPTForCausalLM:
+        """Wrap ``base`` (its weights, no copy) with the offset table of the RPT checkpoint ``path_or_id``.
+
+        ``base`` must hold that checkpoint's base weights (``AutoModelForCausalLM.from_pretrained`` of it).
+        """
+        path_or_id = str(path_or_id)
+        with open(cached_file(path_or_id, RPT_CONFIG_NAME, **lookup)) as f:
             rpt_config = json.load(f)
         trained = int(rpt_config["window"])
         if window is not None and window > trained:
@@ -128,6 +157,12 @@ class RPTForCausalLM(nn.Module):
                 f"window={window} is larger than the window {trained} that {path_or_id} was trained with; "
                 f"use window <= {trained} or fine-tune with window={window}"
             )
+        version = int(rpt_config.get("format_version", FORMAT_UNFOLDED))
+        if version not in (FORMAT_UNFOLDED, FORMAT_FOLDED):
+            raise ValueError(f"{path_or_id} has RPT checkpoint format version {version}; this rpt reads versions "
+                             f"{FORMAT_UNFOLDED} and {FORMAT_FOLDED}: upgrade rpt")
+        # Version 1 holds E and the absolute table, version 2 E + table[0] and table - table[0]:
+        # either way embed() computes E + table[o], so both load the same way.
         model = cls(base, trained)
         table_file = cached_file(path_or_id, RPT_TABLE_NAME, **lookup)
         table = load_file(table_file)["offset_embedding.weight"]
@@ -135,22 +170,41 @@ class RPTForCausalLM(nn.Module):
         return model
 
     def save_pretrained(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **hf_kwargs) -> None:
-        """Write a normal HF checkpoint plus the offset table and ``rpt_config.json``.
+        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.faithful`) plus the
+        relative offset table and ``rpt_config.json``. The in-memory model is not changed.
 
         ``state_dict`` (keys as in ``self.state_dict()``) lets a sharded run (DeepSpeed ZeRO-3)
         pass its gathered weights.
         """
         os.makedirs(path, exist_ok=True)
         if state_dict is None:
-            base_state, table = None, self.offset_embedding.weight.detach()
+            base_state, table = self.lm.state_dict(), self.offset_embedding.weight.detach()
         else:
             base_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
             table = state_dict["offset_embedding.weight"]
-        self.lm.save_pretrained(path, state_dict=base_state, **hf_kwargs)
+        input_key = module_key(self.lm, self.lm.get_input_embeddings())
+        output_key = module_key(self.lm, self.lm.get_output_embeddings())
+        tied = embeddings_tied(self.lm)
+        if tied and output_key not in base_state:
+            base_state = {**base_state, output_key: base_state[input_key]}  # a gathered tied state names one copy
+        base_state, table = fold_ntp_row(base_state, table, input_key, output_key, tied)
+        config = self.lm.config
+        was_tied = getattr(config, "tie_word_embeddings", None)
+        if tied:
+            config.tie_word_embeddings = False  # the saved head keeps E, the input embedding E + table[0]
+        try:
+            self.lm.save_pretrained(path, state_dict=base_state, **hf_kwargs)
+        finally:
+            if tied:
+                config.tie_word_embeddings = was_tied
         save_file({"offset_embedding.weight": table.detach().cpu().contiguous()}, os.path.join(path, RPT_TABLE_NAME))
         rows = ["+1"] + [f"-{l}" for l in range(1, self.window)] + [f"+{self.window}"]
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
-            json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION}, f, indent=2)
+            json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION,
+                       "ntp_row_folded": True, "untied_embeddings": tied}, f, indent=2)
+        from rpt.hf_generate import write_custom_generate  # late: rpt.sampling imports this module
+
+        write_custom_generate(path)  # model.generate(custom_generate=path, ...) runs RPT (rpt.hf_generate)
 
     # ---- HF-like conveniences --------------------------------------------------------------
     @property
@@ -222,7 +276,7 @@ class RPTForCausalLM(nn.Module):
         if labels is None:
             out = self.lm(**model_inputs)
             return RPTOutput(
-                logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+                logits=out.logits, cache=getattr(out, "past_key_values", None),
                 hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
             )
         # With labels: the body's hidden states, then the head and the cross-entropy a chunk of
@@ -238,7 +292,7 @@ class RPTForCausalLM(nn.Module):
         loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
         return RPTOutput(
             loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts,
-            past_key_values=getattr(out, "past_key_values", None),
+            cache=getattr(out, "past_key_values", None),
             hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
         )
 

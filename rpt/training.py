@@ -68,7 +68,16 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
     else:
         model = RPTForCausalLM.from_pretrained(source, window=cfg.window, **hf_kwargs)
     if len(tokenizer) > model.lm.get_input_embeddings().num_embeddings:
+        if cfg.lora is not None:
+            # The adapter directory does not hold the base embedding, so new rows would be lost.
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the base model's embedding "
+                             f"{model.lm.get_input_embeddings().num_embeddings}; LoRA keeps the base frozen: use the "
+                             "base model's tokenizer (tokenizer: null) or fine-tune without lora")
         model.lm.resize_token_embeddings(len(tokenizer))
+    if cfg.lora is not None:
+        from rpt.lora import add_lora
+
+        add_lora(model, cfg.lora)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.loss_chunk_bytes = cfg.loss_chunk_mb << 20
@@ -316,12 +325,25 @@ def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
     state = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards; every rank must call it
     if accelerator.is_main_process:
         clear_dir(tmp)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
+        if cfg.lora is not None:
+            from rpt.lora import save_lora_checkpoint
+
+            save_lora_checkpoint(accelerator.unwrap_model(model), tmp, cfg.lora, lora_base(cfg), state, final_path)
+        else:
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "training_config.yaml"), "w") as f:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
         commit_dir(tmp, final_path)
     accelerator.wait_for_everyone()
+
+
+def lora_base(cfg: TrainConfig) -> str | None:
+    """What a LoRA adapter's base is: the model's id or (absolute) path; None for a from-config model."""
+    source = cfg.init_from or cfg.model
+    if not isinstance(source, str):
+        return None
+    return os.path.abspath(source) if os.path.isdir(source) else source
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -340,6 +362,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
 
     model = build_model(cfg, tokenizer)
+    if main and cfg.lora is not None:
+        from rpt.lora import parameter_line
+
+        print(parameter_line(model), flush=True)
     model.train()
     flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg)

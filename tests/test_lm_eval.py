@@ -111,3 +111,20 @@ def test_long_prompts_are_cut_from_the_left_to_fit(ckpt):
     assert len(lm.tokenizer(fitted)["input_ids"]) <= 48 and prompt.endswith(fitted) and fitted.endswith("def add(a, b):")
     assert lm.fit("def add(a, b):", 48) == "def add(a, b):"
     assert len(lm.generate_until([_Request(prompt, {"until": ["\n\n"], "max_gen_toks": 8})])) == 1
+
+
+def test_package_registers_the_model_through_the_lm_eval_entry_point():
+    """pyproject's ``lm_eval.models`` entry point names a class lm-eval can load by name, no import flags."""
+    from importlib.metadata import EntryPoint
+
+    import tomllib
+    from lm_eval.api.model import LM
+
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        points = tomllib.load(f)["project"]["entry-points"]["lm_eval.models"]
+    assert list(points) == ["rpt"]
+    cls = EntryPoint(name="rpt", value=points["rpt"], group="lm_eval.models").load()
+    assert issubclass(cls, LM) and cls.__name__ == "RPTLM"
+    from lm_eval.api.registry import get_model
+
+    assert get_model("rpt") is cls  # the same class the import registers for lm-eval <= 0.4.13

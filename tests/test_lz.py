@@ -328,3 +328,85 @@ def test_benchmark_script_runs_in_the_default_environment():
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("random", "repetitive"))]
     assert len(rows) == 2 and all(float(r[4]) > 0 for r in rows)  # the processor / sub_ ratio
+
+
+# ---- the closest_longest variant (the later reference penalizer) ---------------------------------
+def brute_closest_longest(context: list[int], vocab: int, window: int, buffer: int) -> torch.Tensor:
+    """Its definition, literally: window = the last W tokens t_0..t_{m-1}; for each candidate v, the
+    occurrences j >= B (0-based) with t_j = v, match length L_j = 1 + the common suffix (at most B)
+    of t_0..t_{j-1} and of the whole window; the longest, then the closest (D = m - j); cost log2 D."""
+    t = list(context[-window:])
+    m = len(t)
+    log_v = math.log2(vocab)
+    best: dict[int, tuple[int, int]] = {}  # v -> (L, D) with the largest L, then the smallest D
+    for j in range(buffer, m):
+        s = 0
+        while s < buffer and t[j - 1 - s] == t[m - 1 - s]:
+            s += 1
+        key = (s + 1, m - j)
+        old = best.get(t[j])
+        if old is None or key[0] > old[0] or (key[0] == old[0] and key[1] < old[1]):
+            best[t[j]] = key
+    out = torch.zeros(vocab, dtype=torch.float64)
+    for v, (_, dist) in best.items():
+        out[v] = log_v - min(max(math.log2(dist), 0.0), log_v)
+    return out
+
+
+def test_closest_longest_worked_example():
+    # window 1 2 3 1 2 3 1 2, B = 2: the last two tokens "1 2" recur before 3 (j = 2 and j = 5, L = 3);
+    # the closest is j = 5, D = 8 - 5 = 3: penalty log2 16 - log2 3. Token 1 occurs at j = 3 and 6
+    # after "2 3", which ends unlike the window (L = 1): the closest, j = 6, D = 2. Token 2 (j = 4, 7),
+    # L = 1, closest j = 7, D = 1: cost 0, the full log2 16 = 4.
+    p = lz_penalty(torch.tensor([1, 2, 3, 1, 2, 3, 1, 2]), 16, window=512, buffer=2, variant="closest_longest")
+    assert abs(p[3].item() - (4 - math.log2(3))) < 1e-5
+    assert abs(p[1].item() - 3.0) < 1e-5 and abs(p[2].item() - 4.0) < 1e-5
+    assert torch.count_nonzero(p).item() == 3
+    # a window of at most B tokens: no penalty at all (the reference's w <= n case)
+    assert lz_penalty(torch.tensor([4, 4]), 16, buffer=2, variant="closest_longest").abs().sum() == 0
+
+
+@pytest.mark.parametrize("vocab,window,buffer,length,rows,period", [
+    (3, 8, 4, 30, 4, 0), (3, 64, 32, 30, 8, 0), (17, 16, 1, 50, 8, 3), (17, 512, 32, 200, 4, 7),
+    (1000, 50, 8, 120, 2, 5), (50_000, 64, 32, 40, 4, 0),
+])
+def test_closest_longest_matches_definition(vocab, window, buffer, length, rows, period):
+    gen = torch.Generator().manual_seed(vocab + window + length)
+    ctx = periodic(rows, length, period, vocab, gen) if period else torch.randint(0, min(vocab, 4), (rows, length), generator=gen)
+    got = lz_penalty(ctx, vocab, window, buffer, variant="closest_longest")
+    for r in range(rows):
+        torch.testing.assert_close(got[r], brute_closest_longest(ctx[r].tolist(), vocab, window, buffer).float(),
+                                   atol=1e-5, rtol=1e-5)
+    # left padding (lengths) drops the pad columns: the same as the unpadded rows
+    lengths = torch.tensor([length - 3 * (r % 3) for r in range(rows)])
+    padded = lz_penalty(ctx, vocab, window, buffer, lengths=lengths, variant="closest_longest")
+    for r in range(rows):
+        want = brute_closest_longest(ctx[r, length - int(lengths[r]):].tolist(), vocab, window, buffer).float()
+        torch.testing.assert_close(padded[r], want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_closest_longest_processor_in_a_decode_loop(incremental):
+    gen = torch.Generator().manual_seed(9)
+    rows, vocab, prompt, alpha = 3, 20, 4, 0.5
+    seq = periodic(rows, prompt + 60, 5, vocab, gen)
+    seq[1, 30:36] = torch.randint(0, vocab, (6,), generator=gen)
+    proc = LZPenaltyLogitsProcessor(alpha, 16, 4, prompt_length=prompt, incremental=incremental,
+                                    variant="closest_longest", inplace=False)
+    scores = torch.randn(rows, vocab, generator=gen)
+    for t in range(prompt + 1, prompt + 61):
+        want = torch.stack([scores[r] - alpha * brute_closest_longest(seq[r, prompt:t].tolist(), vocab, 16, 4).float()
+                            for r in range(rows)])
+        torch.testing.assert_close(proc(seq[:, :t], scores), want, atol=1e-5, rtol=1e-5)
+
+
+def test_variant_is_validated_and_reaches_the_sampler():
+    from rpt.sampling import SamplingConfig, build_logits_processors
+
+    with pytest.raises(ValueError, match="LZ variant='lz78'"):
+        lz_penalty(torch.tensor([1, 2]), 4, variant="lz78")
+    with pytest.raises(ValueError, match="SamplingConfig.lz_variant"):
+        SamplingConfig(lz_variant="lz78")
+    cfg = SamplingConfig(lz_penalty=0.15, lz_variant="closest_longest")
+    procs = build_logits_processors(cfg, prompt_length=0, vocab_size=32)
+    assert [p.variant for p in procs if isinstance(p, LZPenaltyLogitsProcessor)] == ["closest_longest"]

@@ -110,14 +110,15 @@ def test_save_and_load_round_trip(tmp_path, arch):
         loaded = RPTForCausalLM.from_pretrained(tmp_path)
         after = loaded(b.input_ids, **kw).logits
         assert loaded.window == 3
-        assert torch.equal(before, after)
+        # the NTP row is folded into the saved embedding (rpt.faithful): one float32 rounding
+        assert (before - after).abs().max() < 1e-5
         # smaller sampling windows are fine, larger ones are not
         assert RPTForCausalLM.from_pretrained(tmp_path, window=2).window == 3
         with pytest.raises(ValueError, match="larger than the window 3"):
             RPTForCausalLM.from_pretrained(tmp_path, window=4)
-        # the checkpoint is still a plain HF model
+        # the checkpoint is a plain HF model computing the RPT model's NTP logits (tests/test_faithful.py)
         plain = AutoModelForCausalLM.from_pretrained(tmp_path)
-        assert torch.equal(plain(x).logits, model.lm(x).logits)
+        assert (plain(x).logits - model(x).logits).abs().max() < 1e-5
 
 
 def test_plain_checkpoint_needs_window(tmp_path):

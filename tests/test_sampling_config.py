@@ -9,7 +9,7 @@ from rpt.sampling import SamplingConfig
 KNOBS = {
     "max_new_tokens", "temperature", "top_k", "top_p", "min_p", "rpt_iters", "rpt_window", "ptp_greedy",
     "confidence", "repetition_penalty", "frequency_penalty", "presence_penalty", "lz_penalty", "lz_window",
-    "lz_buffer", "lz_include_prompt", "penalize_ptp", "token_healing", "stop", "eos_token_id", "seed",
+    "lz_buffer", "lz_include_prompt", "lz_variant", "penalize_ptp", "token_healing", "stop", "eos_token_id", "seed",
 }
 
 
@@ -18,7 +18,7 @@ def test_every_knob_and_defaults():
     assert {f.name for f in dataclasses.fields(cfg)} == KNOBS
     assert cfg.temperature == 0 and cfg.greedy and cfg.deterministic
     assert (cfg.confidence, cfg.lz_window, cfg.lz_buffer) == (0.9, 512, 32)
-    assert cfg.lz_penalty == 0 and not cfg.lz_include_prompt and cfg.penalize_ptp
+    assert cfg.lz_penalty == 0 and not cfg.lz_include_prompt and cfg.penalize_ptp and cfg.lz_variant == "codelength"
     assert cfg.rpt_iters == 0 and cfg.stop == [] and cfg.eos_token_ids == []
 
 

@@ -12,7 +12,7 @@ import yaml
 from rpt.config import ConfigError, load_config
 from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
-from tests.train_helpers import ROOT, env, run_train, train_cmd, write_config
+from tests.train_helpers import MICRO, ROOT, env, run_train, train_cmd, write_config
 
 
 def losses(run_dir):
@@ -20,7 +20,8 @@ def losses(run_dir):
 
 
 def test_train_end_to_end_writes_everything(tmp_path):
-    cfg = write_config(tmp_path, plot=True)
+    # tied embeddings, as the demo's configs: final/ must untie them to be faithful (rpt.faithful)
+    cfg = write_config(tmp_path, plot=True, model={**MICRO["model"], "tie_word_embeddings": True})
     res = run_train(cfg)
     assert res.returncode == 0, res.stderr[-3000:]
     run = tmp_path / "run"
@@ -41,6 +42,14 @@ def test_train_end_to_end_writes_everything(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(run / "final")
     assert tok.eos_token is not None
+    # the trained checkpoint is faithful: plain transformers computes the RPT model's NTP logits
+    from transformers import AutoModelForCausalLM
+
+    x = torch.randint(0, len(tok), (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = AutoModelForCausalLM.from_pretrained(run / "final").eval()(x).logits
+        assert (plain - model.eval()(x).logits).abs().max() <= 1e-4
+    assert json.loads((run / "final" / "rpt_config.json").read_text())["untied_embeddings"] is True
     assert (run / "loss_curves.png").stat().st_size > 1000
     assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
 
@@ -139,6 +148,8 @@ def test_config_overrides_and_base_inheritance(tmp_path):
         ("report_to=mlflow", "'report_to'"),
         ("seq_len=2", "'seq_len'"),
         ("resume=/no/such/dir", "'resume'"),
+        ("lora.rank=4", "'lora'.*unknown key 'rank'"),
+        ("lora=8", "'lora'.*use a mapping"),
     ],
 )
 def test_bad_config_values_name_the_key(tmp_path, override, match):

@@ -37,6 +37,8 @@ _HELP = {
     "lz_penalty": "LZ penalty alpha (0 = off; paper: 0.15)",
     "lz_window": "LZ penalty window W",
     "lz_buffer": "LZ penalty maximum match length B",
+    "lz_variant": "LZ penalty variant: codelength (per-token LZSS cost) or closest_longest (log2 distance "
+                  "of the closest longest match)",
     "lz_include_prompt": "let the LZ window see the prompt (default: generated tokens only)",
     "penalize_ptp": "apply NTP's penalties at position j to PTP proposals for x_j",
     "token_healing": "heal the prompt boundary (re-spell its last tokens canonically)",

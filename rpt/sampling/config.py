@@ -59,6 +59,7 @@ class SamplingConfig:
     lz_window: int = 512
     lz_buffer: int = 32
     lz_include_prompt: bool = False  # window over generated tokens only, as the reference penalizer
+    lz_variant: str = "codelength"  # or "closest_longest": the two reference versions (rpt/sampling/lz.py)
     penalize_ptp: bool = True  # PTP proposals for x_j get the processors NTP had at position j
     token_healing: bool = False
     stop: list[str] = field(default_factory=list)
@@ -103,6 +104,8 @@ class SamplingConfig:
         eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
         if not all(_is_int(i) and i >= 0 for i in eos_ids):
             raise self._bad("eos_token_id", "use None, a token id >= 0, or a list of token ids")
+        if self.lz_variant not in ("codelength", "closest_longest"):
+            raise self._bad("lz_variant", "use codelength (the per-token LZSS cost, default) or closest_longest")
         if self.seed is not None and not _is_int(self.seed):
             raise self._bad("seed", "use None or an integer")
 

@@ -14,6 +14,19 @@ window), clamped to :math:`[0, \log_2 V]`, and :math:`\mathrm{penalty}(v) = \log
 Sampling uses :math:`\ell_v \leftarrow \ell_v - \alpha\,\mathrm{penalty}(v)`. Paper defaults:
 :math:`\alpha = 0.15, W = 512, B = 32`.
 
+**Variants.** The reference code exists in two versions; ``variant`` picks one (both take W and B):
+
+* ``"codelength"`` (the default, above): the per-token LZSS cost ``(log2(D + 1) + log2 L) / L``,
+  minimised over every occurrence of the candidate -- the paper's formula, which this project
+  has always computed. The paper's alpha = 0.15 was tuned on the reference code; which version
+  that was is not stated, so compare both when alpha matters.
+* ``"closest_longest"`` (the later reference penalizer): among the candidate's occurrences at
+  0-based window positions ``j >= B`` (the first B positions are skipped, so every match has B
+  tokens before it), take the longest match ``L_j`` and among those the closest;
+  :math:`\mathrm{cost}(v) = \log_2 D` of that occurrence (no division by L), clamped to
+  :math:`[0, \log_2 V]`; a candidate with no such occurrence, or a window of at most B tokens,
+  gets penalty 0.
+
 Cost: the match lengths take one ``[batch, B + 1, W]`` comparison (the window against its own last
 B tokens, via ``unfold``), or O(batch * W) per step when carried along a decode
 (:class:`LZMatchTracker`); ``cost_j`` is a lookup in a ``[B + 1, W]`` table; the per-token minimum is
@@ -34,6 +47,14 @@ import torch
 from transformers import LogitsProcessor
 
 _PAD, _STOP = -1, -2  # "no token" (outside the window, or padding), and "never matches anything"
+
+
+VARIANTS = ("codelength", "closest_longest")
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in VARIANTS:
+        raise ValueError(f"LZ variant={variant!r} is invalid: use one of {', '.join(VARIANTS)} (see rpt.sampling.lz)")
 
 
 def _check_sizes(window: int, buffer: int) -> None:
@@ -102,6 +123,35 @@ def lz_match_costs(
     return tokens, _costs(s, cost_table(window, buffer, tokens.device)), valid
 
 
+def closest_longest_costs(tokens: torch.Tensor, s: torch.Tensor, valid: torch.Tensor | None, buffer: int,
+                          width: int, log_v: float) -> torch.Tensor:
+    """``[batch, width]`` costs of the ``closest_longest`` variant (``log2 V`` where a token has no match).
+
+    ``tokens``, ``s``, ``valid`` as :func:`lz_match_lengths` (or :class:`LZMatchTracker`: its ``s``
+    may exceed the tokens before a column, which only columns ``j < B`` can, and they are skipped).
+    Two scatters over the window's W positions: the longest match per token, then the closest
+    occurrence of that length. Ids >= ``width`` are left out.
+    """
+    rows, m = tokens.shape
+    col = torch.arange(m, device=tokens.device)
+    # the first real column (tokens are right-aligned); positions count from it, and the first B are skipped
+    start = m - valid.sum(1, keepdim=True) if valid is not None else torch.zeros((rows, 1), dtype=torch.long, device=tokens.device)
+    keep = (col[None, :] - start >= buffer) & (tokens >= 0) & (tokens < width)
+    if valid is not None:
+        keep &= valid
+    idx = tokens.clamp(0, width - 1).masked_fill(~keep, 0)
+    length = (s + 1).masked_fill(~keep, 0)
+    best = torch.zeros((rows, width), dtype=length.dtype, device=tokens.device)
+    best.scatter_reduce_(1, idx, length, reduce="amax", include_self=True)
+    is_best = keep & (length == best.gather(1, idx)) & (length > 0)
+    dist = (m - col)[None, :].expand(rows, m).float()  # D = m + 1 - j (1-based j)
+    far = float(m + 1)
+    closest = torch.full((rows, width), far, device=tokens.device)
+    closest.scatter_reduce_(1, idx, dist.masked_fill(~is_best, far), reduce="amin", include_self=True)
+    cost = torch.log2(closest).clamp_(0.0, log_v)
+    return cost.masked_fill_(closest >= far, log_v)
+
+
 def _right_pack(context: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Move each row's real tokens (``mask`` True) to the right end, in order; gaps go left."""
     order = torch.sort(mask.to(torch.int8), dim=1, stable=True).indices
@@ -115,6 +165,7 @@ def lz_penalty(
     buffer: int = 32,
     lengths: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
+    variant: str = "codelength",
 ) -> torch.Tensor:
     """The ``[batch, V]`` LZ penalty (bits, in ``[0, log2 V]``) of the module docstring.
 
@@ -124,10 +175,12 @@ def lz_penalty(
         window, buffer: W (lookback) and B (maximum match length).
         lengths: ``[batch]`` number of real tokens at the right end of each row (left padding).
         mask: ``[batch, T]`` bool, True for real tokens (any pattern; gaps are squeezed out).
+        variant: ``"codelength"`` or ``"closest_longest"`` (module docstring).
 
     An empty context gives a zero penalty. Output is float32 on the context's device.
     """
     _check_sizes(window, buffer)
+    _check_variant(variant)
     if vocab_size < 1:
         raise ValueError(f"vocab_size={vocab_size} is invalid: use the model's vocabulary size (>= 1)")
     if lengths is not None and mask is not None:
@@ -140,7 +193,10 @@ def lz_penalty(
         rows, lengths = _right_pack(rows, mask if mask.dim() == 2 else mask[None])
     log_v = math.log2(vocab_size)
     out = torch.full((rows.shape[0], vocab_size), log_v, dtype=torch.float32, device=rows.device)
-    if rows.shape[1] > 0:
+    if rows.shape[1] > 0 and variant == "closest_longest":
+        tokens, s, valid = lz_match_lengths(rows, window, buffer, lengths)
+        out = closest_longest_costs(tokens, s, valid, buffer, vocab_size, log_v)
+    elif rows.shape[1] > 0:
         tokens, cost, valid = lz_match_costs(rows, window, buffer, lengths)
         if valid is not None:  # gaps write log2 V into column 0, which amin then ignores
             cost = cost.masked_fill(~valid, log_v)
@@ -205,6 +261,8 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             of the model's logits, so this is safe there, except that ``output_logits=True`` then
             records the penalised logits; pass ``inplace=False`` to leave the given tensor untouched
             (one ``[batch, V]`` copy per call).
+        variant: ``"codelength"`` (default) or ``"closest_longest"`` (module docstring); the latter
+            subtracts a dense ``[batch, V]`` penalty.
         incremental: carry match lengths between calls (:class:`LZMatchTracker`) when the context
             grew by one token. None (default) = only for CPU tensors with an int ``prompt_length``;
             on GPU the from-scratch path is cheap, has no host synchronisation and can be captured
@@ -220,10 +278,13 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         vocab_size: int | None = None,
         inplace: bool = True,
         incremental: bool | None = None,
+        variant: str = "codelength",
     ) -> None:
         if not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
             raise ValueError(f"LZ penalty alpha={penalty!r} is invalid: use alpha >= 0 (paper default 0.15)")
         _check_sizes(window, buffer)
+        _check_variant(variant)
+        self.variant = variant
         if isinstance(prompt_length, torch.Tensor):
             if prompt_length.dim() != 1 or prompt_length.dtype.is_floating_point:
                 raise ValueError("prompt_length tensor must be a 1-D integer tensor [batch]")
@@ -269,6 +330,8 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             return scores
         width = scores.shape[-1]
         tokens, s, valid = self._match_lengths(context, lengths)
+        if self.variant == "closest_longest":
+            return self._apply_dense(scores, tokens, s, valid, width)
         pen = _costs(s, self._penalty_table(math.log2(self.vocab_size or width), scores.device))
         idx = tokens
         # Gaps and ids the logits cannot hold get penalty 0 at column 0, a no-op below. On the CPU
@@ -284,3 +347,11 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         new = current - pen if current.dtype == torch.float32 else (current.float() - pen).to(scores.dtype)
         out = scores if self.inplace else scores.clone()
         return out.scatter_reduce_(1, idx, new, reduce="amin", include_self=True)
+
+    def _apply_dense(self, scores, tokens, s, valid, width: int) -> torch.FloatTensor:
+        """``closest_longest``: its penalty is not a per-position minimum, so subtract it densely."""
+        log_v = math.log2(self.vocab_size or width)
+        cost = closest_longest_costs(tokens, s, valid, self.buffer, width, log_v)
+        pen = (log_v - cost).mul_(self.penalty)
+        out = scores if self.inplace else scores.clone()
+        return out.sub_(pen.to(out.dtype))

@@ -104,7 +104,8 @@ def penalty_processors(config: SamplingConfig, prompt_length: Columns = 0, vocab
     if config.lz_penalty != 0:
         start = (0 if pad_length is None else pad_length) if config.lz_include_prompt else prompt_length
         procs.append(LZPenaltyLogitsProcessor(config.lz_penalty, config.lz_window, config.lz_buffer, prompt_length=start,
-                                              vocab_size=vocab_size, inplace=inplace or len(procs) > 0))
+                                              vocab_size=vocab_size, inplace=inplace or len(procs) > 0,
+                                              variant=config.lz_variant))
     return procs
 
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env python
+"""Merge a LoRA checkpoint (train.py with a ``lora:`` section) into a full faithful RPT checkpoint.
+
+    python merge_lora.py runs/lora/final runs/lora/merged
+
+The output is what a full fine-tune writes (``rpt/faithful.py``: plain ``AutoModelForCausalLM``
+computes the RPT model's NTP logits; ``custom_generate/`` included), written atomically.
+"""
+
+import argparse
+import sys
+
+from rpt.config import report_input_error
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("adapter", help="the LoRA checkpoint directory (e.g. runs/lora/final)")
+    ap.add_argument("out", help="where to write the merged checkpoint (replaced if it exists)")
+    args = ap.parse_args(argv)
+    from rpt.lora import merge
+
+    try:
+        print(f"wrote {merge(args.adapter, args.out)}")
+    except (ValueError, OSError, ImportError) as e:
+        return report_input_error(e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

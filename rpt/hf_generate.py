@@ -1,0 +1,105 @@
+"""RPT sampling behind ``model.generate(custom_generate=<checkpoint>, trust_remote_code=True, ...)``.
+
+transformers runs ``custom_generate/generate.py`` of a checkpoint directory (or hub repo) in place
+of its own ``generate``; every RPT checkpoint carries one (:func:`write_custom_generate`) that
+calls :func:`generate` here. The model is the plain HF model (``AutoModelForCausalLM``); its
+checkpoint's offset table (:mod:`rpt.faithful`) turns it back into the RPT model, sharing its
+weights, and :func:`rpt.sampling.generate` decodes: token for token what the package's own API
+gives on ``RPTForCausalLM.from_pretrained`` of the same checkpoint.
+
+Keywords: every :class:`~rpt.sampling.SamplingConfig` field (``rpt_iters``, ``confidence``,
+``temperature``, ``lz_penalty``, ``seed``, ...), plus the HF spellings ``do_sample`` (``False``:
+greedy; ``True`` without a temperature: temperature 1), ``max_new_tokens``, ``eos_token_id``,
+``attention_mask``, ``streamer``, ``tokenizer`` (stop strings, token healing) and
+``rpt_checkpoint`` (where the table is, default the directory the model was loaded from).
+Returns the ``[batch, prompt + new]`` sequences like HF, or with ``return_dict_in_generate=True``
+the :class:`~rpt.sampling.GenerateOutput`. Of the model's ``generation_config`` only
+``eos_token_id`` is read (the defaults are :class:`~rpt.sampling.SamplingConfig`'s: greedy, 256
+new tokens); a ``generation_config=`` argument, beams or logits processors are errors that say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import torch
+
+from rpt.sampling.config import SamplingConfig
+
+_FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
+# Arguments transformers' generate forwards on every call; they carry nothing RPT uses.
+_HF_IGNORED = {"pad_token_id", "use_cache", "synced_gpus", "use_model_defaults",
+               "output_scores", "output_logits", "do_sample"}
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_generate")
+
+
+def write_custom_generate(checkpoint: str) -> None:
+    """Copy ``custom_generate/{generate.py,requirements.txt}`` into a checkpoint directory."""
+    target = os.path.join(checkpoint, "custom_generate")
+    os.makedirs(target, exist_ok=True)
+    for name in ("generate.py", "requirements.txt"):
+        shutil.copyfile(os.path.join(TEMPLATE_DIR, name), os.path.join(target, name))
+
+
+def sampling_config(model, kwargs: dict) -> SamplingConfig:
+    """The :class:`SamplingConfig` the keywords ask for (an unknown keyword is a ``ValueError``)."""
+    unknown = sorted(k for k, v in kwargs.items() if k not in _FIELDS | _HF_IGNORED and v is not None)
+    if unknown:
+        raise ValueError(f"RPT custom_generate does not take {unknown}; it takes the SamplingConfig fields "
+                         f"({', '.join(sorted(_FIELDS))}), do_sample, attention_mask, streamer, tokenizer, "
+                         "rpt_checkpoint and return_dict_in_generate")
+    fields = {k: v for k, v in kwargs.items() if k in _FIELDS and v is not None}
+    do_sample = kwargs.get("do_sample")
+    if do_sample is False:
+        fields["temperature"] = 0.0
+    elif do_sample and "temperature" not in fields:
+        fields["temperature"] = 1.0  # HF's do_sample=True default
+    if "eos_token_id" not in fields and getattr(model, "generation_config", None) is not None:
+        eos = model.generation_config.eos_token_id
+        if eos is not None:
+            fields["eos_token_id"] = eos
+    return SamplingConfig(**fields)
+
+
+def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
+    """The RPT model on ``model``'s weights (no copy), or ``model`` itself for plain NTP sampling."""
+    from transformers.utils import cached_file
+
+    from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+
+    if checkpoint is None:
+        checkpoint = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    config_file = None
+    if checkpoint:
+        config_file = cached_file(checkpoint, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
+                                  _raise_exceptions_for_connection_errors=False)
+    if config_file is None:
+        if rpt_iters == 0:
+            return model
+        raise ValueError(f"rpt_iters={rpt_iters} needs the offset table of an RPT checkpoint, and {checkpoint!r} has no "
+                         f"{RPT_CONFIG_NAME}; load the model from an RPT checkpoint or pass rpt_checkpoint=<its directory>")
+    return RPTForCausalLM.attach_table(model, checkpoint)
+
+
+def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor | None = None,
+             attention_mask: torch.Tensor | None = None, streamer=None, tokenizer=None,
+             rpt_checkpoint: str | None = None, return_dict_in_generate: bool | None = None, **kwargs):
+    """``model.generate``'s replacement; see the module docstring."""
+    from rpt.sampling.fast_decoder import generate as rpt_generate
+    from rpt.sampling.loading import check_checkpoint
+
+    ids = input_ids if input_ids is not None else inputs
+    if ids is None:
+        raise ValueError("pass the prompt token ids as input_ids (a [batch, T] LongTensor, left-padded with attention_mask)")
+    config = sampling_config(model, kwargs)
+    rpt = rpt_model_for(model, rpt_checkpoint, config.rpt_iters)
+    check_checkpoint(getattr(rpt, "window", None), config, str(rpt_checkpoint or model.name_or_path))
+    was_training = rpt.training
+    rpt.eval()
+    try:
+        out = rpt_generate(rpt, ids, config, attention_mask, tokenizer=tokenizer, streamer=streamer)
+    finally:
+        rpt.train(was_training)
+    return out if return_dict_in_generate else out.sequences
