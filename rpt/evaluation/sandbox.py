@@ -524,6 +524,27 @@ class _Child:
 
 
 _CONTROL = ("load_error", "finished")  # the messages a verdict on the run itself needs
+# What the runner sends, by mode (a result may carry its time, "t"): anything else, or a second
+# "ready", is the program speaking on the pipe, and fails it.
+_PROTOCOL = {
+    "program": ({"finished"}, {"load_error"}),
+    "calls": ({"ready"}, {"i", "v"}, {"i", "e"}, {"i", "x"}, {"end"}, {"load_error"}),
+}
+
+
+class _Protocol:
+    """Checks each message of a ``program`` / ``calls`` run against :data:`_PROTOCOL`."""
+
+    def __init__(self, mode: str) -> None:
+        self.shapes = _PROTOCOL.get(mode, ())
+        self.ready = False
+
+    def allows(self, message: dict) -> bool:
+        keys = set(message) - {"t"} if "i" in message else set(message)
+        if keys not in self.shapes or ("ready" in keys and self.ready):
+            return False
+        self.ready = self.ready or "ready" in keys
+        return True
 
 
 def _control(message: dict) -> dict:
@@ -538,12 +559,16 @@ def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execu
     except OSError as exc:
         return Execution(status=f"failed: could not start the sandbox: {exc}", isolation=kind)
     execution = Execution(status="exited", isolation=kind)
+    protocol = _Protocol(job.mode)
     try:
         deadline = _Deadline(job, limits, child.start)
         while True:
             message = child.read(deadline.at())
             if isinstance(message, str):
                 execution.status = message
+                break
+            if not protocol.allows(message):
+                execution.status = "failed: unexpected message from the program"
                 break
             deadline.seen(message, time.monotonic())
             if watch is None:
@@ -595,7 +620,7 @@ class Session:
             return self
         self.deadline = self.child.start + self.limits.timeout  # absolute: no message moves it
         message = self._next()
-        if message is not None and "ready" not in message:
+        if message is not None and message != {"ready": 1}:
             self.failure = "failed: " + str(message.get("load_error", "unexpected message from the program"))[:500]
         return self
 
@@ -619,7 +644,7 @@ class Session:
                 self.failure = "exited"
             else:
                 message = self._next()
-                if message is not None and ({"v", "e"} & set(message)):
+                if message is not None and set(message) in ({"v"}, {"e"}):
                     return message
                 if message is not None:
                     self.failure = "failed: unexpected message from the program"
