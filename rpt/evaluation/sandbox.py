@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from rpt.evaluation import _seccomp
+
 _HERE = Path(__file__).resolve().parent
 _RUNNER = _HERE / "_sandbox_runner.py"
 _WIRE = _HERE / "_wire.py"
@@ -250,6 +252,11 @@ def _bwrap_args(binary: str, base: Path, limits: Limits, fds: list[int]) -> list
              "--size", str(tmp), "--tmpfs", "/tmp", "--size", str(work), "--tmpfs", f"{_INSIDE}/work",
              "--ro-bind", str(base / "lib"), f"{_INSIDE}/lib", "--remount-ro", "/",
              "--chdir", f"{_INSIDE}/work", "--clearenv"]
+    program = _seccomp.deny_filter()
+    if program is not None:  # no memfd / System V shared memory: they escape every cap above
+        (base / "seccomp.bpf").write_bytes(program)
+        fds.append(os.open(base / "seccomp.bpf", os.O_RDONLY | os.O_CLOEXEC))
+        args += ["--seccomp", str(fds[-1])]
     for key, value in _child_env(f"{_INSIDE}/work").items():
         args += ["--setenv", key, value]
     return args + [exe]
