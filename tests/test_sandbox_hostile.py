@@ -582,3 +582,19 @@ def test_the_seccomp_filter_jumps_where_it_means():
         if machine == "x86_64":
             assert run(0x40000000 + 1, arch) == deny  # x32
     assert _seccomp.deny_filter("riscv-unknown") is None
+
+
+@pytest.mark.parametrize("mode, messages, ok", [
+    ("calls", [{"ready": 1}, {"i": 0, "v": 1}, {"i": 1, "e": "x", "t": 0.1}, {"end": None}], True),
+    ("calls", [{"ready": 1}, {"ready": 1}], False),
+    ("calls", [{"i": 0, "v": 1}], False),  # a result before ready
+    ("calls", [{"ready": 1}, {"i": 0, "v": 1}, {"i": 1, "v": 1}, {"i": 2, "v": 1}], False),  # more than inputs
+    ("calls", [{"ready": 1}, {"end": None}, {"end": None}], False),
+    ("calls", [{"ready": 1}, {"i": 0, "v": 1, "extra": 1}], False),
+    ("program", [{"finished": 1}, {"finished": 1}], False),  # run_program keeps all: bounded
+    ("program", [{"load_error": "x"}], True),
+    ("program", [{"ready": 1}], False),
+])
+def test_the_protocol_admits_only_what_the_runner_sends(mode, messages, ok):
+    protocol = sandbox._Protocol(Job("", mode=mode, inputs=[[1], [2]]))
+    assert all(protocol.allows(m) for m in messages) is ok

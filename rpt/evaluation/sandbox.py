@@ -540,17 +540,26 @@ _PROTOCOL = {
 
 
 class _Protocol:
-    """Checks each message of a ``program`` / ``calls`` run against :data:`_PROTOCOL`."""
+    """Checks each message of a ``program`` / ``calls`` run against :data:`_PROTOCOL`: the known
+    shapes only, ``ready`` once and first, at most one result per input, nothing after the last
+    word (``end``, ``finished``, ``load_error``). So even a run without a watcher keeps a bounded
+    number of messages."""
 
-    def __init__(self, mode: str) -> None:
-        self.shapes = _PROTOCOL.get(mode, ())
-        self.ready = False
+    def __init__(self, job: Job) -> None:
+        self.shapes = _PROTOCOL.get(job.mode, ())
+        self.results_left = len(job.inputs)
+        self.ready = self.over = False
 
     def allows(self, message: dict) -> bool:
         keys = set(message) - {"t"} if "i" in message else set(message)
-        if keys not in self.shapes or ("ready" in keys and self.ready):
+        if self.over or keys not in self.shapes or ("ready" in keys and self.ready):
             return False
+        if "i" in keys:
+            self.results_left -= 1
+            if self.results_left < 0 or not self.ready:
+                return False
         self.ready = self.ready or "ready" in keys
+        self.over = bool(keys & {"end", "finished", "load_error"})
         return True
 
 
@@ -566,7 +575,7 @@ def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execu
     except OSError as exc:
         return Execution(status=f"failed: could not start the sandbox: {exc}", isolation=kind)
     execution = Execution(status="exited", isolation=kind)
-    protocol = _Protocol(job.mode)
+    protocol = _Protocol(job)
     try:
         deadline = _Deadline(job, limits, child.start)
         while True:
