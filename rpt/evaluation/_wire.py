@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 MAX_DEPTH = 200
 _SMALL_INT = 1 << 53  # beyond this JSON numbers lose precision in other readers; and Python caps
@@ -158,12 +159,23 @@ def check_hashes(values) -> None:
     of them costs quadratic time in the parent (50,000 took 13 s). This check costs at most
     ``MAX_SAME_HASH`` comparisons per value, and buckets by the hash itself (distinct ints of at
     most 61 bits, which do not collide)."""
+    values = list(values)
+    try:
+        hashes = list(map(hash, values))
+    except TypeError:  # an unhashable value (a set of it fails on its own): value by value below
+        hashes = None
+    if hashes is not None:
+        counts = Counter(hashes)
+        if max(counts.values(), default=0) <= MAX_SAME_HASH:
+            return  # the usual case, at C speed: no hash is crowded, equal values or not
+        crowded = {key for key, n in counts.items() if n > MAX_SAME_HASH}
+        values = [v for v, key in zip(values, hashes) if key in crowded]
     buckets: dict[int, list] = {}
     for value in values:
         try:
             key = hash(value)
         except TypeError:
-            continue  # unhashable: putting it in a set fails on its own
+            continue
         same = buckets.setdefault(key, [])
         if not any(value is other or value == other for other in same):
             same.append(value)
