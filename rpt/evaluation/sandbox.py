@@ -296,8 +296,8 @@ _WARNED: set[str] = set()
 
 NOT_ISOLATED = ("the programs run as this user (as root: with root's rights) and can delete, plant or rewrite "
                 "any file it can, the report included, kill this evaluator, read the datasets and answer keys, "
-                "and use the network; only resource limits, the process-group kill and an in-process guard "
-                "that a program can get around apply")
+                "leave files for the next program, fill the disk and use the network; only resource limits, "
+                "the process-group kill and an in-process guard that a program can get around apply")
 
 
 def bwrap_problem() -> str | None:
