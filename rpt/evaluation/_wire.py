@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 MAX_DEPTH = 200
 _SMALL_INT = 1 << 53  # beyond this JSON numbers lose precision in other readers; and Python caps
@@ -126,25 +127,60 @@ def from_json(obj, depth: int = 0):
             return bytes.fromhex(v)
         if kind == "tuple":
             return tuple(from_json(x, depth + 1) for x in _items(v))
-        if kind == "set":
-            return {from_json(x, depth + 1) for x in _items(v)}
-        if kind == "frozenset":
-            return frozenset(from_json(x, depth + 1) for x in _items(v))
+        if kind in ("set", "frozenset"):
+            members = [from_json(x, depth + 1) for x in _items(v)]
+            check_hashes(members)  # before a hash table is built from them
+            return set(members) if kind == "set" else frozenset(members)
         if kind == "dict":
-            out = {}
+            pairs = []
             for pair in _items(v):
                 if not isinstance(pair, list) or len(pair) != 2:
                     raise WireError("bad dict item")
-                out[from_json(pair[0], depth + 1)] = from_json(pair[1], depth + 1)
-            return out
+                pairs.append((from_json(pair[0], depth + 1), from_json(pair[1], depth + 1)))
+            check_hashes([key for key, _ in pairs])
+            return dict(pairs)
         if kind == "opaque":
             name, text = v
             return Opaque(str(name)[:100], str(text)[:200])
     except WireError:
         raise
-    except (TypeError, ValueError, RecursionError) as exc:  # unhashable set member, bad hex, ...
+    except Exception as exc:  # unhashable set member, bad hex, complex(10**400, 0) (OverflowError), ...
         raise WireError(f"bad {kind}: {type(exc).__name__}") from None
     raise WireError(f"unknown kind {kind!r}")
+
+
+MAX_SAME_HASH = 16  # distinct values sharing one hash: more is hash flooding, never a real output
+
+
+def check_hashes(values) -> None:
+    """Raise :class:`WireError` when more than ``MAX_SAME_HASH`` distinct hashable ``values``
+    share one hash. Python's hashes of ints are ``x mod (2**61 - 1)`` (and tuples, floats follow),
+    so a program can send thousands of different values that all collide: building a set or dict
+    of them costs quadratic time in the parent (50,000 took 13 s). This check costs at most
+    ``MAX_SAME_HASH`` comparisons per value, and buckets by the hash itself (distinct ints of at
+    most 61 bits, which do not collide)."""
+    values = list(values)
+    try:
+        hashes = list(map(hash, values))
+    except TypeError:  # an unhashable value (a set of it fails on its own): value by value below
+        hashes = None
+    if hashes is not None:
+        counts = Counter(hashes)
+        if max(counts.values(), default=0) <= MAX_SAME_HASH:
+            return  # the usual case, at C speed: no hash is crowded, equal values or not
+        crowded = {key for key, n in counts.items() if n > MAX_SAME_HASH}
+        values = [v for v, key in zip(values, hashes) if key in crowded]
+    buckets: dict[int, list] = {}
+    for value in values:
+        try:
+            key = hash(value)
+        except TypeError:
+            continue
+        same = buckets.setdefault(key, [])
+        if not any(value is other or value == other for other in same):
+            same.append(value)
+            if len(same) > MAX_SAME_HASH:
+                raise WireError(f"more than {MAX_SAME_HASH} different values with one hash (hash flooding)")
 
 
 def _items(v) -> list:

@@ -30,7 +30,8 @@ def add_execution_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per program")
     parser.add_argument("--workers", type=int, default=None, help="parallel programs (default: CPU count)")
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_MODES,
-                        help="OS isolation of the programs: bubblewrap (auto: where it runs) or none")
+                        help="OS isolation of the programs: bubblewrap (auto and bwrap: stop where it cannot run) "
+                             "or none (no protection of this machine, the report or the evaluator)")
 
 
 class CodeBenchmark(Benchmark):
@@ -49,6 +50,9 @@ class CodeBenchmark(Benchmark):
             parser.error("--k values must be >= 1")
         if args.n_samples < 1:
             parser.error("--n-samples must be >= 1")
+        # Before a model loads or a program runs: IsolationUnavailable is the script's one-line
+        # error; "none" says here what it leaves open.
+        isolation(args.isolation)
 
     def limits(self, args: argparse.Namespace) -> Limits:
         return Limits(timeout=args.timeout, memory_bytes=args.memory_mb << 20, isolation=args.isolation)
@@ -162,7 +166,7 @@ class HumanEval(CodeBenchmark):
     def load(self, args: argparse.Namespace) -> dict[str, dict]:
         if not self.plus:
             return he.load_problems()
-        return _limited(plus.load_tasks("humaneval", args.data_dir), args.limit)
+        return plus.load_tasks("humaneval", args.data_dir)
 
     def header(self, args: argparse.Namespace) -> dict:
         return {"data": str(plus.data_file("humaneval", args.data_dir))} if self.plus else {}
@@ -201,18 +205,13 @@ class MBPPPlus(CodeBenchmark):
         return [{"task_id": tid, "completion": p["canonical_solution"]} for tid, p in problems.items()]
 
     def load(self, args: argparse.Namespace) -> dict[str, dict]:
-        return _limited(plus.load_tasks("mbpp", args.data_dir), args.limit)
+        return plus.load_tasks("mbpp", args.data_dir)
 
     def header(self, args: argparse.Namespace) -> dict:
         return {"data": str(plus.data_file("mbpp", args.data_dir)), "prompt_format": plus.MBPP_PROMPT_FORMAT}
 
     def execute(self, args, problems, records, limits, cached, on_done) -> list[dict]:
         return _score_plus("mbpp", args, problems, records, limits, cached, on_done)
-
-
-def _limited(tasks: dict[str, dict], limit: int | None) -> dict[str, dict]:
-    """``--limit``: the first N tasks only (their expected outputs are all that gets computed)."""
-    return tasks if limit is None else dict(list(tasks.items())[:limit])
 
 
 def _score_plus(dataset: str, args, problems, records, limits: Limits, cached: Callable, on_done: Callable) -> list[dict]:

@@ -57,7 +57,10 @@ def load_gsm8k(data: str | Path | None = None, split: str = "test") -> list[dict
 
 
 def _validate_problem(obj: dict) -> None:
-    if "####" not in str(obj["answer"]):
+    for key in ("question", "answer"):
+        if not isinstance(obj[key], str):
+            raise ValueError(f"{key} must be a string, got {type(obj[key]).__name__}")
+    if "####" not in obj["answer"]:
         raise ValueError("answer has no '#### N' final answer")
 
 

@@ -26,8 +26,13 @@ def read_jsonl(
         raise EvalInputError(f"{path}: file not found")
     required = tuple(required)
     records: list[dict] = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is reported with its number
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise EvalInputError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start + 1} of the line); "
+                                     "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
@@ -56,9 +61,12 @@ def read_completions(path: str | Path, id_field: str, check_id: Callable[[object
     """
 
     def validate(obj: dict) -> None:
+        if not isinstance(obj[id_field], (str, int)) or isinstance(obj[id_field], bool):
+            # a list or dict id would fail later as "unhashable", without the file and line
+            raise ValueError(f"{id_field} must be a string or an integer, got {type(obj[id_field]).__name__}")
         check_id(obj[id_field])
         if not isinstance(obj["completion"], str):
-            raise ValueError("completion must be a string")
+            raise ValueError(f"completion must be a string, got {type(obj['completion']).__name__}")
 
     records = read_jsonl(path, required=(id_field, "completion"), validate=validate)
     if not records:

@@ -41,6 +41,7 @@ completion (:data:`STOP_SEQUENCES`).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -218,7 +219,10 @@ def expected_outputs(dataset: str, tasks: dict[str, dict], directory: str | Path
         os.replace(tmp, path)  # atomic: a concurrent or interrupted run never sees half an entry
         oracles[tid] = Oracle(**entry)
 
-    run_jobs(jobs, limits or Limits(timeout=60.0, memory_bytes=4 << 30), workers, on_done=done)
+    limits = limits or Limits(timeout=60.0, memory_bytes=4 << 30)
+    # The canonical solutions are trusted: their outputs may be as large as the whole result cap.
+    limits = dataclasses.replace(limits, max_message_bytes=max(limits.max_message_bytes, limits.max_result_bytes))
+    run_jobs(jobs, limits, workers, on_done=done)
     missing = [tid for tid in tasks if tid not in oracles]
     if missing:
         raise RuntimeError(f"no expected outputs for {', '.join(missing[:5])}: their canonical solutions failed")
@@ -256,6 +260,7 @@ class Judge:
             elif ep == "digit_distance_nums":  # Mbpp/558
                 exact = exact or out == oracle._digit_distance_nums(*inp)
             elif ep in oracle.MBPP_OUTPUT_SET_EQ_TASKS:
+                _wire.check_hashes(out)  # set(out) of colliding values would stall this process
                 exact = set(out) == set(exp)
             elif ep in oracle.MBPP_OUTPUT_NOT_NONE_TASKS:
                 exact = out == exp if isinstance(out, bool) else exp == (out is not None)
@@ -282,7 +287,15 @@ def build_job(dataset: str, task: dict, oracle: Oracle, completion: str) -> Job:
     return Job(task["prompt"] + completion, mode="calls", entry_point=task["entry_point"],
                inputs=[_wire.to_json(x) for x in oracle.inputs(task, "base") + oracle.inputs(task, "plus")],
                time_limits=base_limits + plus_limits,
-               total_limit=min(SPLIT_TIME_LIMIT, sum(base_limits)) + min(SPLIT_TIME_LIMIT, sum(plus_limits)))
+               total_limit=min(SPLIT_TIME_LIMIT, sum(base_limits)) + min(SPLIT_TIME_LIMIT, sum(plus_limits)),
+               max_message_bytes=message_cap(oracle))
+
+
+def message_cap(oracle: Oracle) -> int:
+    """The largest result message a right answer can need: 8 x the largest expected output's
+    encoding (a float within tolerance may print longer than the expected one) + 1 MiB."""
+    largest = max((len(json.dumps(v, separators=(",", ":"))) for v in oracle.base + oracle.plus), default=0)
+    return 8 * largest + (1 << 20)
 
 
 class Verdict:
@@ -299,6 +312,15 @@ class Verdict:
         self.failure: str | None = None
 
     def __call__(self, message: dict) -> bool:
+        """Reduce one message to the verdict so far (nothing of it is kept); False stops the run.
+        Whatever the message holds, a failure is this program's, never an exception."""
+        try:
+            return self._check(message)
+        except Exception as exc:  # noqa: BLE001 - a hostile value must fail its own item only
+            self.failure = f"failed: result {self.passed}: unreadable output ({type(exc).__name__})"
+            return False
+
+    def _check(self, message: dict) -> bool:
         if "i" not in message:
             return True
         i = self.passed

