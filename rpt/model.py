@@ -60,6 +60,17 @@ class RPTOutput(ModelOutput):
         return out
 
 
+def _output(out, **fields) -> RPTOutput:
+    """An :class:`RPTOutput` carrying ``out``'s cache, hidden states and attentions."""
+    result = RPTOutput(hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
+                       **fields)
+    # set after construction: transformers >= 5.2x renames a ``past_key_values`` init argument to
+    # ``cache`` (a field RPTOutput lacks), and its outputs may hold the cache under either name
+    cache = getattr(out, "cache", None)
+    result.past_key_values = cache if cache is not None else getattr(out, "past_key_values", None)
+    return result
+
+
 def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor | None, window: int):
     """Eq. 13 (mean CE over labelled positions) and the NTP / PTP-l split, without host syncs."""
     valid = (labels != IGNORE_INDEX).to(per_token.dtype)
@@ -221,10 +232,7 @@ class RPTForCausalLM(nn.Module):
                             past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         if labels is None:
             out = self.lm(**model_inputs)
-            return RPTOutput(
-                logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
-                hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
-            )
+            return _output(out, logits=out.logits)
         # With labels: the body's hidden states, then the head and the cross-entropy a chunk of
         # tokens at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
         out = self.lm.base_model(**model_inputs)
@@ -236,11 +244,7 @@ class RPTForCausalLM(nn.Module):
             chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
         )
         loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
-        return RPTOutput(
-            loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts,
-            past_key_values=getattr(out, "past_key_values", None),
-            hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
-        )
+        return _output(out, loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts)
 
     def logit_transform(self) -> tuple[float | None, float | None]:
         """``(scale, softcap)`` the base model applies after its output embedding: Cohere's

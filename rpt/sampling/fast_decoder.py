@@ -48,12 +48,12 @@ from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.prompts import (
     Prompts,
     check_model,
-    effective_max_new_tokens,
     pad_token_id,
     prepare_prompts,
+    row_budgets,
     rpt_iterations,
 )
-from rpt.sampling.proposals import Proposer
+from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
 
@@ -149,12 +149,14 @@ class _Decoder:
                  seeds: list[int] | None, compile: bool | str):
         self.start = time.perf_counter()
         config.validate()
+        config = config.with_default_eos(model, tokenizer)
         check_model(model, config)
         self.config, self.input_ids = config, input_ids
         self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
         check_streamer(streamer, len(prompts.rows))
         k = rpt_iterations(model, config)
-        self.plan = Plan(k=k, w=config.rpt_window, max_new=effective_max_new_tokens(model, prompts, config),
+        self.budgets = row_budgets(model, prompts, config)
+        self.plan = Plan(k=k, w=config.rpt_window, max_new=max(self.budgets),
                          deterministic=config.deterministic,
                          stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
         self.device = device = input_ids.device
@@ -187,7 +189,8 @@ class _Decoder:
 
     def _slot(self, b: int, streamer) -> _Slot:
         p = self.prompts
-        row = Row(p.rows[b], p.prefixes[b], p.vocab, streamer, stream_lag=self.plan.w - 1 if self.plan.k else 0)
+        row = Row(p.rows[b], p.prefixes[b], p.vocab, streamer, stream_lag=self.plan.w - 1 if self.plan.k else 0,
+                  max_new=self.budgets[b])
         slot = _Slot(b, row, decode_row(row, self.plan), p.pads[b], self.pad_id, [None] * (self.last + 2),
                      low=p.pads[b])
         slot.requests = next(slot.program)
@@ -293,8 +296,9 @@ class _Decoder:
 
     def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
                  ) -> list[list[int]]:
-        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer."""
-        out, at = [], 0
+        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer (its first column:
+        whether the row's logits were NaN / inf, checked in the same transfer)."""
+        out, at = [nonfinite(logits)[:, None].long()], 0
         position = n - self.pads  # each row's position of column n
         if block.keep_top:  # over the tokens fed at column n (a row's guess, if it made one)
             context = torch.cat([self.seqs[:, :n], ids[:, block.region - 1: block.region]], 1)
@@ -344,7 +348,8 @@ class _Decoder:
         ids, its = self._ids(pattern, n), self._iterations(block, chains)
         logits = self._call(block, ids, pattern, n)
         vals = self._propose(logits, ids, block, its, n)
-        self._deliver(live, vals, block, chains, n)
+        raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
+        self._deliver(live, [v[1:] for v in vals], block, chains, n)
 
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
@@ -382,7 +387,8 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         streamer: for a single prompt, an object with ``put(ids)`` / ``end()`` (Hugging Face
             streamer protocol; the first ``put`` is the prompt) that receives each generated token
             once RPT can no longer change it.
-        row_seeds: one seed per row keying its random draws (default ``config.seed + b``); the
+        row_seeds: one seed per row keying its random draws (default a hash of ``(config.seed, b)``:
+            :func:`~rpt.sampling.randomness.row_seed`, so runs with different seeds share no draws); the
             same seed gives a row the same tokens in any batch and in :func:`generate_reference`.
         compile: compile the model step with ``torch.compile`` (fixed shapes: the query block is
             padded to a bucket size, the whole cache attended); a string names the backend.

@@ -26,6 +26,22 @@ from rpt.sampling.processors import build_logits_processors, penalty_processors,
 from rpt.sampling.randomness import NTP, inverse_cdf, uniforms
 
 
+def nonfinite(logits: torch.Tensor) -> torch.Tensor:
+    """``[batch]`` bool: rows of ``logits`` ``[batch, ..., V]`` holding a NaN or ``+inf``, or all ``-inf``
+    (one reduction: ``amax`` propagates NaN). A lone ``-inf`` is a legal ban, not an error."""
+    top = logits.amax(-1)
+    return ~torch.isfinite(top).reshape(top.shape[0], -1).all(-1)
+
+
+def raise_nonfinite(rows: list[int]) -> None:
+    """The error for rows whose logits :func:`nonfinite` flagged (no-op when ``rows`` is empty)."""
+    if rows:
+        raise ValueError(
+            f"the model's logits hold NaN or inf (rows {rows}): a float16 overflow or broken weights; "
+            "load the model in bfloat16 or float32"
+        )
+
+
 def _probs(scores: torch.Tensor) -> torch.Tensor:
     # half-precision logits are softmaxed in float32; float32 / float64 stay as they are
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
