@@ -489,6 +489,40 @@ def test_compile_fixed_shapes_trace():
     compile_case("eager")
 
 
+def test_compile_over_many_prompt_widths_never_falls_back_to_eager(models):
+    """12 batches of different widths across four capacity buckets: the same tokens as eager, a
+    bounded set of graphs, and no ``recompile_limit`` (past it dynamo silently runs the step eagerly)."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    class Messages(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    torch._dynamo.reset()
+    counters.clear()
+    messages, dynamo_log = Messages(), logging.getLogger("torch._dynamo")
+    dynamo_log.addHandler(messages)
+    model = models[2].float()
+    cfg = SamplingConfig(max_new_tokens=4, rpt_iters=1, rpt_window=2, confidence=0.3, eos_token_id=[])
+    try:
+        for width in (3, 4, 5, 40, 41, 42, 90, 91, 92, 180, 181, 182):
+            ids = torch.randint(0, V, (2, width), generator=torch.Generator().manual_seed(width))
+            eager, compiled = generate(model, ids, cfg), generate(model, ids, cfg, compile="eager")
+            assert torch.equal(eager.sequences, compiled.sequences)
+    finally:
+        dynamo_log.removeHandler(messages)
+        models[2].double()
+        torch._dynamo.reset()
+    assert not [m for m in messages.seen if "recompile_limit" in m]
+    assert 8 < counters["stats"]["unique_graphs"] <= 16  # past the default limit of 8, and bounded
+
+
 @pytest.mark.slow
 def test_compile_inductor():
     torch._dynamo.reset()

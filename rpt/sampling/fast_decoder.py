@@ -88,8 +88,14 @@ class _Slot:
 
     def served_upto(self, n: int) -> int:
         """The first column (<= n + 1) whose cached KV is not the current token's."""
-        for c in range(max(self.low, self.pad), n + 1):
-            if self.kv[c] != self.token(c):
+        lo, tokens = max(self.low, self.pad), self.row.tokens
+        hi = min(n + 1, self.pad + len(tokens))  # columns holding the row's tokens; pad ids after them
+        if hi > lo:
+            cached, current = self.kv[lo:hi], tokens[lo - self.pad: hi - self.pad]
+            if cached != current:  # one C-level list comparison on the common path: all served
+                return lo + next(i for i, (a, b) in enumerate(zip(cached, current)) if a != b)
+        for c in range(max(lo, hi), n + 1):
+            if self.kv[c] != self.pad_id:
                 return c
         return n + 1
 
@@ -132,7 +138,6 @@ class _Pattern:
 
     def __init__(self, block: _Block, device: torch.device):
         table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
-        self.rel = block.rows()
         self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
         self.offsets = offsets if block.lags else None
         keep = block.keep()
@@ -180,6 +185,7 @@ class _Decoder:
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
+        self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
         seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
@@ -237,6 +243,7 @@ class _Decoder:
         guess = None if draws is None else draws[min(s.requests[0].it, len(draws) - 1)]
         if guess is not None and guess != s.token(n):
             s.feed[n] = guess  # x_n as it will be if this sweep changes nothing
+            self.guesses.append((s.index, guess))
             return min(first, n), False
         return first, False
 
@@ -245,6 +252,7 @@ class _Decoder:
         start, keep_prev, chains = n + 1, False, {}
         for s in self.slots:
             s.feed.clear()
+        self.guesses.clear()
         for s in live:
             first, prev = self._needs(s, n, chains)
             start, keep_prev = min(start, first), keep_prev or prev
@@ -267,13 +275,14 @@ class _Decoder:
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
-    def _ids(self, pattern: _Pattern, n: int) -> torch.Tensor:
-        """``[batch, Q]`` tokens of the block: the region's (a row's guess at column n) and the chains'."""
-        rows = []
-        for s in self.slots:
-            rows.append([s.feed.get(n + src, s.token(n + src)) if w == src else s.token(n + src)
-                         for src, w, _, _, _ in pattern.rel])
-        return self._to_device(rows)
+    def _ids(self, pattern: _Pattern, block: _Block, n: int) -> torch.Tensor:
+        """``[batch, Q]`` tokens of the block: the rows' current tokens at each query's source column
+        (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
+        ids = self.seqs.index_select(1, pattern.src + n)
+        if self.guesses:  # column n is the region's last query
+            g = self._to_device(self.guesses)
+            ids[g[:, 0], block.region - 1] = g[:, 1]
+        return ids
 
     def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
         src, write = pattern.src + n, pattern.write + n
@@ -320,10 +329,14 @@ class _Decoder:
             fed = s.feed.get(c, s.token(c))
             if s.kv[c] != fed:
                 changed, s.kv[c] = min(changed, c), fed
-        for c in [c for c in s.draws if c > changed]:  # computed over KV that was just replaced
-            del s.draws[c]
-        if block.region > 0:
-            s.low = max(s.low, n - self.plan.w)  # the cache now serves the row through n: no older column changes
+        if changed <= n:  # draws computed over KV that was just replaced are stale (none if nothing changed)
+            for c in [c for c in s.draws if c > changed]:
+                del s.draws[c]
+        if block.region > 0:  # the cache now serves the row through n: no older column changes
+            low = max(s.low, n - self.plan.w)
+            for c in range(s.low, low):  # nor is any older column's proposal asked for again
+                s.draws.pop(c, None)
+            s.low = low
         d, at = self.proposer.ntp_draws, 0
         if block.keep_top:
             s.draws[n + 1], at = vals[:d], d
@@ -345,7 +358,7 @@ class _Decoder:
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device)
         self._apply_writes()  # host-to-device copies first, while the device is idle
-        ids, its = self._ids(pattern, n), self._iterations(block, chains)
+        ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
         logits = self._call(block, ids, pattern, n)
         vals = self._propose(logits, ids, block, its, n)
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
