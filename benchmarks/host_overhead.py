@@ -8,7 +8,9 @@ the driver's planning, proposals and bookkeeping: the host work a GPU would wait
 32-token prompts, 64 new tokens, for NTP (``rpt_iters=0``) and RPT (``k=1, w=2, eta=0.9``) through
 :func:`rpt.sampling.generate`, beside Hugging Face ``generate`` (its total per step: its own host
 work and its forward). The forward's time is taken by hooks on the model (entry to exit of every
-call), so host = total - forward; a step is one model call of the decode. Prints per batch size:
+call), so host = total - forward; a step is one model call of the decode. Times are this thread's
+CPU time (``time.thread_time``; torch runs 1 thread), so other jobs on a shared machine do not
+count, unless ``--wall``. Prints per batch size:
 host us/step of NTP and RPT, our NTP total us/step, HF's total us/step, and the ratios of the goals
 (host at batch 64 <= 2.5x batch 1; our NTP total <= HF's).
 """
@@ -40,20 +42,27 @@ def micro_model() -> RPTForCausalLM:
     return model.eval()
 
 
+CLOCK = time.thread_time
+
+
 class ForwardClock:
     """Seconds spent inside ``module``'s forward (hooks at entry and exit), and the number of calls."""
 
     def __init__(self, module: torch.nn.Module):
         self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
-        module.register_forward_pre_hook(self._enter)
-        module.register_forward_hook(self._exit)
+        self._hooks = []
+        self._hooks = [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._exit)]
 
     def _enter(self, *_):
-        self._t0 = time.perf_counter()
+        self._t0 = CLOCK()
 
     def _exit(self, *_):
-        self.seconds += time.perf_counter() - self._t0
+        self.seconds += CLOCK() - self._t0
         self.calls += 1
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
     def reset(self) -> None:
         self.seconds, self.calls = 0.0, 0
@@ -62,9 +71,9 @@ class ForwardClock:
 def per_step(fn, clock: ForwardClock) -> tuple[float, float]:
     """``(total, forward)`` microseconds per model call of one run of ``fn``."""
     clock.reset()
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
-    total = time.perf_counter() - t0
+    total = CLOCK() - t0
     return 1e6 * total / clock.calls, 1e6 * clock.seconds / clock.calls
 
 
@@ -87,6 +96,7 @@ def measure(model: RPTForCausalLM, batch: int, args) -> dict[str, float]:
     for _ in range(args.repeats):  # alternated, so a busy machine slows each alike
         for name, fn in runs.items():
             samples[name].append(per_step(fn, clock))
+    clock.remove()
     out = {}
     for name, pairs in samples.items():
         out[f"{name}_total"] = statistics.median(t for t, _ in pairs)
@@ -101,12 +111,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", action="store_true", help="wall-clock time instead of this thread's CPU time")
     args = ap.parse_args()
+    global CLOCK
+    if args.wall:
+        CLOCK = time.perf_counter
     torch.set_num_threads(args.threads)
     model = micro_model()
     rows = {b: measure(model, b, args) for b in args.batches}
     print(f"micro Llama (1 layer, 16 wide, V=4096), greedy, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
-          f"{args.threads} thread(s), median of {args.repeats} alternated runs; us per model call")
+          f"{args.threads} thread(s), median of {args.repeats} alternated runs; us per model call "
+          f"({'wall clock' if args.wall else 'thread CPU time'})")
     print(f"{'batch':>5} {'NTP host':>9} {'RPT host':>9} {'NTP total':>10} {'HF total':>9} {'HF host':>8}")
     for b, r in rows.items():
         print(f"{b:>5} {r['ntp_host']:9.0f} {r['rpt_host']:9.0f} {r['ntp_total']:10.0f} {r['hf_total']:9.0f} "

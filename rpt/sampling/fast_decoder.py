@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import ModelQueries, Visibility
-from rpt.sampling import randomness
+from rpt.sampling import ntp_path, randomness
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenHealingLogitsProcessor
@@ -156,7 +156,7 @@ class _Decoder:
         config.validate()
         config = config.with_default_eos(model, tokenizer)
         check_model(model, config)
-        self.config, self.input_ids = config, input_ids
+        self.config, self.input_ids, self.streamer = config, input_ids, streamer
         self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
         check_streamer(streamer, len(prompts.rows))
         k = rpt_iterations(model, config)
@@ -364,8 +364,19 @@ class _Decoder:
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
         self._deliver(live, [v[1:] for v in vals], block, chains, n)
 
+    def ntp_logits(self, region: int, n: int) -> torch.Tensor:
+        """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
+        .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
+        block = _Block(region, (), keep_top=True, keep_prev=False)
+        pattern = self._patterns.get(block)
+        if pattern is None:
+            pattern = self._patterns[block] = _Pattern(block, self.device)
+        return self._call(block, self.seqs[:, n - region + 1: n + 1], pattern, n)
+
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
+        if ntp_path.eligible(self):  # plain NTP: all rows as tensors, no per-row Python per step
+            return ntp_path.run(self)
         n = self.W - 1  # the column being settled (the prompts' last, to start: the prefill)
         live = list(self.slots)
         while live:
