@@ -87,3 +87,15 @@ def test_rows_finish_on_eos_or_budget_and_pad_after(model):
     cut = free.generated(0).index(eos) + 1
     assert fast.generated(0) == free.generated(0)[:cut] and fast.finish_reasons[0] == "eos"
     assert (fast.sequences[0, 250 + cut:] == fast.sequences[0, -1]).all()
+
+
+@pytest.mark.parametrize("width", [4096, 1024 + 64, 97, 2000])
+def test_first_argmax_is_argmax_ties_included(width):
+    """The two-level CPU argmax against torch's on heavy ties (integer logits) and on a strided view."""
+    from rpt.sampling.proposals import first_argmax
+
+    g = torch.Generator().manual_seed(width)
+    ties = torch.randint(0, 3, (64, width), generator=g).float()
+    assert torch.equal(first_argmax(ties), ties.argmax(-1))
+    wide = torch.randn(8, 2, width, generator=g)[:, 1]  # a non-contiguous [8, width] view
+    assert torch.equal(first_argmax(wide), wide.argmax(-1))
