@@ -403,17 +403,22 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
 
     Args:
         model: an :class:`~rpt.model.RPTForCausalLM` (any HF causal LM when ``rpt_iters == 0``), in
-            eval mode, with full-attention layers (sdpa or eager; flex / flash attention models run
-            these calls with sdpa).
+            eval mode, with full-attention layers or sliding-window ones whose window covers the
+            decode (sdpa or eager; flex / flash attention models run the calls with a custom mask
+            with sdpa). NaN / inf logits raise ``ValueError``.
         input_ids, attention_mask: the prompts; rows of different lengths are left-padded.
-        config: every knob (``rpt_iters = 0`` is plain NTP sampling).
+        config: every knob (``rpt_iters = 0`` is plain NTP sampling); ``eos_token_id=None`` stops
+            at the model's ``generation_config`` EOS and the tokenizer's (``[]``: never). Each row's
+            budget is ``max_new_tokens`` or what its own prompt leaves of the context.
         tokenizer: needed for stop strings and token healing.
         streamer: for a single prompt, an object with ``put(ids)`` / ``end()`` (Hugging Face
             streamer protocol; the first ``put`` is the prompt) that receives each generated token
             once RPT can no longer change it.
         row_seeds: one seed per row keying its random draws (default a hash of ``(config.seed, b)``:
             :func:`~rpt.sampling.randomness.row_seed`, so runs with different seeds share no draws); the
-            same seed gives a row the same tokens in any batch and in :func:`generate_reference`.
+            same seed gives a row the same tokens in any batch and in :func:`generate_reference` in
+            float32 / float64; in bfloat16 / float16 a batch's kernels may round a logit differently
+            and so move a near tie (as in Hugging Face ``generate``).
         compile: compile the model step with ``torch.compile`` (fixed shapes: the query block is
             padded to a bucket size, the whole cache attended); a string names the backend.
 
