@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rpt-iters", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--widths", type=int, nargs="+", default=[5, 9, 13, 17, 21, 26, 31, 37, 44, 52, 61, 70])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -55,7 +56,7 @@ def main() -> None:
     vocab = model.config.vocab_size
     print(f"4-layer benchmark model, batch {args.batch}, {args.new_tokens} new tokens, widths {args.widths}, "
           f"{torch.get_num_threads()} threads")
-    for k in (0, 1):
+    for k in args.rpt_iters:
         cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=k, rpt_window=2, confidence=0.9,
                              eos_token_id=[])
         torch._dynamo.reset()

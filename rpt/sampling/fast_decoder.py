@@ -371,7 +371,9 @@ class _Decoder:
         pattern = self._patterns.get(block)
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device)
-        return self._call(block, self.seqs[:, n - region + 1: n + 1], pattern, n)
+        # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
+        return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
+                          pattern, n)
 
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
