@@ -9,7 +9,8 @@ scripts share:
 * :func:`generate_sweep`: completions for every (item, sample, setting), resumable through a
   :class:`~rpt.evaluation.report.ResultStore` (key: item, sample index, checkpoint path, the full
   sampling config and the prompt), with a progress bar, split across processes under
-  ``accelerate launch``;
+  ``accelerate launch``; each completion draws with a seed hashed from (seed, item, sample index,
+  setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume;
 * :func:`decoding_stats`, :func:`best_of_temperatures`, :func:`settings_table` and
   :func:`plot_sweep` for the reports.
 """
