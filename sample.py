@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from rpt.sampling import randomness
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import (
     check_checkpoint,
@@ -131,8 +132,8 @@ def _main(args: argparse.Namespace) -> int:
     order = list(range(len(records)))
     with state.split_between_processes(order) as mine:
         mine = list(mine)
-        # prompt i's draws are keyed by seed + i, whichever process decodes it
-        seeds = None if config.seed is None else [config.seed + i for i in mine]
+        # prompt i's draws are keyed by row_seed(seed, i), whichever process decodes it
+        seeds = None if config.seed is None else [randomness.row_seed(config.seed, i) for i in mine]
         results, totals = run_batches(model, tokenizer, [records[i] for i in mine], [prompt_ids[i] for i in mine],
                                       config, args, stream, seeds)
     seconds = time.perf_counter() - start

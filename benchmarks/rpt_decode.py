@@ -142,8 +142,9 @@ def main() -> None:
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (args.batch, args.prompt_tokens), generator=torch.Generator().manual_seed(2))
     prompt = prompt.to(args.device)
-    ntp_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=0)
-    rpt_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=1, rpt_window=2, confidence=0.9)
+    # eos_token_id=[]: every run makes all its tokens (the random config's EOS id is just a token)
+    ntp_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=0, eos_token_id=[])
+    rpt_cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=1, rpt_window=2, confidence=0.9, eos_token_id=[])
     decoders = {"ntp (rpt_iters=0)": (ntp_cfg, False), "rpt (k=1, w=2, eta=0.9)": (rpt_cfg, False)}
     if args.compile:
         decoders.update({"ntp compiled": (ntp_cfg, True), "rpt compiled": (rpt_cfg, True)})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer
 
 
 class PositionLayer(CacheLayerMixin):
@@ -71,13 +71,27 @@ class PositionKVCache(Cache):
 
     @classmethod
     def for_model(cls, model, capacity: int) -> PositionKVCache:
-        """A cache for every layer of ``model``; ``ValueError`` unless they are all full attention."""
-        config = model.config.get_text_config(decoder=True)
-        probe = DynamicCache(config=config)
-        if any(type(layer) is not DynamicLayer for layer in probe.layers):
-            kinds = sorted({type(layer).__name__ for layer in probe.layers})
+        """A cache for every layer of ``model``; ``ValueError`` unless each is full attention, or
+        sliding-window attention whose window covers all ``capacity`` columns (then no query is ever
+        farther than the window from a key it sees, and the layer computes full attention)."""
+        window = sliding_window_of(model)
+        if window is not None and capacity > window:
             raise ValueError(
-                f"the cached RPT decoder needs full-attention layers, but this model's cache has {kinds}; "
-                "use generate_reference for sliding-window or recurrent models"
+                f"this decode needs {capacity} cache columns but the model's sliding window is {window} tokens; "
+                f"lower max_new_tokens or shorten the prompts to fit the window, or use generate_reference"
             )
-        return cls(config.num_hidden_layers, capacity)
+        return cls(model.config.get_text_config(decoder=True).num_hidden_layers, capacity)
+
+
+def sliding_window_of(model) -> int | None:
+    """The smallest sliding window of ``model``'s layers (None: all full attention); ``ValueError`` for
+    layers that are neither (recurrent, chunked attention)."""
+    probe = DynamicCache(config=model.config.get_text_config(decoder=True))
+    kinds = {type(layer).__name__ for layer in probe.layers if type(layer) is not DynamicLayer}
+    if kinds - {DynamicSlidingWindowLayer.__name__}:
+        raise ValueError(
+            f"the cached RPT decoder needs full-attention or sliding-window layers, but this model's cache has "
+            f"{sorted(kinds)}; use generate_reference for recurrent or chunked-attention models"
+        )
+    windows = [layer.sliding_window for layer in probe.layers if type(layer) is DynamicSlidingWindowLayer]
+    return min(windows) if windows else None

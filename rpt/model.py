@@ -69,6 +69,16 @@ class RPTOutput(ModelOutput):
         return out
 
 
+def _output(out, **fields) -> RPTOutput:
+    """An :class:`RPTOutput` carrying ``out``'s cache, hidden states and attentions."""
+    # transformers >= 5.24 outputs hold the KV cache as ``cache``, earlier 5.x as ``past_key_values``
+    cache = getattr(out, "cache", None)
+    if cache is None:
+        cache = getattr(out, "past_key_values", None)
+    return RPTOutput(cache=cache, hidden_states=getattr(out, "hidden_states", None),
+                     attentions=getattr(out, "attentions", None), **fields)
+
+
 def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor | None, window: int):
     """Eq. 13 (mean CE over labelled positions) and the NTP / PTP-l split, without host syncs."""
     valid = (labels != IGNORE_INDEX).to(per_token.dtype)
@@ -275,10 +285,7 @@ class RPTForCausalLM(nn.Module):
                             past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         if labels is None:
             out = self.lm(**model_inputs)
-            return RPTOutput(
-                logits=out.logits, cache=getattr(out, "past_key_values", None),
-                hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
-            )
+            return _output(out, logits=out.logits)
         # With labels: the body's hidden states, then the head and the cross-entropy a chunk of
         # tokens at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
         out = self.lm.base_model(**model_inputs)
@@ -290,11 +297,7 @@ class RPTForCausalLM(nn.Module):
             chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
         )
         loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
-        return RPTOutput(
-            loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts,
-            cache=getattr(out, "past_key_values", None),
-            hidden_states=getattr(out, "hidden_states", None), attentions=getattr(out, "attentions", None),
-        )
+        return _output(out, loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts)
 
     def logit_transform(self) -> tuple[float | None, float | None]:
         """``(scale, softcap)`` the base model applies after its output embedding: Cohere's

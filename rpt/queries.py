@@ -16,12 +16,14 @@ and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache 
 This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
 float one for eager attention, which adds it to the scores) and the attention-implementation check:
 ``sdpa`` and ``eager`` take the mask directly; ``flex_attention`` and ``flash_attention_2/3`` (which
-read a 4D mask as a padding mask, or need a ``BlockMask``) run these calls with ``sdpa``, switched
-for the call and back; anything else is a ``ValueError`` naming the implementation and ``sdpa``.
+read a 4D mask as a padding mask, or need a ``BlockMask``) run the calls that carry a custom mask
+with ``sdpa``, switched for the call and back (a ``plain`` call, which has none, keeps the model's
+own kernel); anything else is a ``ValueError`` naming the implementation and ``sdpa``.
 
 ``compile=True`` compiles the model step with fixed shapes: the cache is read whole
-(``kv_len = capacity``) and the query block is padded to a few bucket sizes, so a decode
-compiles once per bucket.
+(``kv_len = capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is
+padded to a few bucket sizes, so a run over prompts of many widths compiles a bounded set of
+graphs (per capacity bucket, one per query bucket).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from rpt.kv_cache import PositionKVCache
+from rpt.kv_cache import PositionKVCache, sliding_window_of
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+COMPILED_GRAPHS = 64  # dynamo's recompile limit for the compiled step: 7 capacity buckets (64..4096) x 8 variants
 
 
 @dataclass
@@ -115,6 +118,18 @@ def attention_implementation(model, impl: str | None) -> Iterator[None]:
             c._attn_implementation_internal = old
 
 
+def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
+    """The cache capacity a compiled decode allocates for ``needed`` columns: the next power of two
+    (at least 64), at most ``ceiling`` (a sliding window) when ``needed`` fits under it. Shapes are
+    static under compile, so every distinct capacity is a graph per query bucket; rounded, decodes of
+    many prompt widths share a handful of capacities and never reach dynamo's recompile limit (as
+    gpt-fast allocates ``max_seq_length`` once)."""
+    size = 64
+    while size < needed:
+        size *= 2
+    return min(size, ceiling) if ceiling is not None and needed <= ceiling else size
+
+
 def bucket(q: int) -> int:
     """The smallest bucket size >= ``q`` (fixed query shapes for torch.compile)."""
     for size in QUERY_BUCKETS:
@@ -140,6 +155,8 @@ class ModelQueries:
         self.model = model
         self.switch = check_attention(model)
         self.bool_mask = (self.switch or implementation_of(model)) == "sdpa"
+        if compile:
+            capacity = capacity_bucket(capacity, sliding_window_of(model))
         self.cache = PositionKVCache.for_model(model, capacity)
         self.capacity = capacity
         self.dtype = model.dtype
@@ -186,12 +203,14 @@ class ModelQueries:
             raise ValueError(f"offset rows need an RPTForCausalLM, got {type(self.model).__name__}")
         self.calls += 1
         q = ids.shape[1]
-        with attention_implementation(self.model, self.switch):
-            if 0 < q <= self.compile_max_queries:
+        if 0 < q <= self.compile_max_queries:
+            with attention_implementation(self.model, self.switch):
                 return self._compiled_call(ids, positions, columns, vis, offsets, keep)
-            self.cache.kv_len = kv_len
-            built = None if plain else self.mask(vis, columns, kv_len)
-            return self._step(ids, positions, offsets, built, columns, keep)
+        self.cache.kv_len = kv_len
+        if plain:  # no custom mask: the model's own kernel (flash / flex included) runs the call
+            return self._step(ids, positions, offsets, None, columns, keep)
+        with attention_implementation(self.model, self.switch):
+            return self._step(ids, positions, offsets, self.mask(vis, columns, kv_len), columns, keep)
 
     def _compiled_call(self, ids, positions, columns, vis, offsets, keep):
         """Pad the block to its bucket with inert queries (scratch columns past the real ones, seeing only
@@ -215,7 +234,10 @@ class ModelQueries:
         ids, positions = ids.contiguous(), positions.contiguous()
         offsets = None if offsets is None else offsets.contiguous()
         self.cache.kv_len = self.capacity
-        logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
+        # the graphs of a run are bounded (capacity buckets x query buckets) but may pass dynamo's
+        # default limit of 8 per frame over many widths, where it would silently run eagerly
+        with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+            logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
         if keep is None:
             return logits[:, :q]
         return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

@@ -19,7 +19,7 @@ from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.fast_decoder import generate
 from rpt.sampling.proposals import Proposer
-from rpt.sampling.randomness import NTP, uniforms
+from rpt.sampling.randomness import NTP, row_seed, uniforms
 from rpt.sampling.reference import generate_reference
 from tests.tiny_models import tiny_gpt2, tiny_llama
 
@@ -35,6 +35,9 @@ def rpt_model(window: int, seed: int = 0, attn: str = "sdpa", zero_ntp_row: bool
         model.offset_embedding.weight.copy_(table)
         if zero_ntp_row:  # row 0 is added to every NTP token: zero it to compare with the bare HF model
             model.offset_embedding.weight[0].zero_()
+    # a random model has no real EOS (LlamaConfig's default id 2 is just a token): the tests that
+    # stop at EOS name it; the others run to max_new_tokens
+    model.lm.generation_config.eos_token_id = None
     return model
 
 
@@ -103,7 +106,8 @@ def test_rpt_iters_zero_is_hf_greedy():
     model = rpt_model(2, zero_ntp_row=True)
     ids, mask = prompts(3, seed=2)
     eos = model.config.eos_token_id  # 2: one row of this run ends on it
-    hf = model.lm.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=eos)
+    hf = model.lm.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=eos,
+                           eos_token_id=eos)
     cfg = SamplingConfig(max_new_tokens=12, rpt_iters=0, eos_token_id=eos)
     ours = generate(model, ids, cfg, attention_mask=mask)
     assert torch.equal(hf, ours.sequences)
@@ -278,7 +282,7 @@ def test_seeded_sampling_is_reproducible(models, decode):
 @pytest.mark.parametrize("arch", ["llama-eager", "gpt2"])
 def test_other_attention_paths_match_reference(arch):
     """The additive 4D mask also drives eager attention and learned absolute positions (GPT-2)."""
-    if arch == "gpt2":
+    if arch == "gpt2":  # its EOS (50256) lies outside this vocabulary: never generated, never a pad id
         model = RPTForCausalLM.from_base(tiny_gpt2(), window=3).double().eval()
         with torch.no_grad():
             model.offset_embedding.weight.copy_(
@@ -335,7 +339,7 @@ def check_case(models, case: int) -> tuple[bool, bool]:
     ref = generate_reference(models[cfg.rpt_window], ids, cfg, attention_mask=mask)
     assert torch.equal(fast.sequences, ref.sequences), (case, cfg)
     assert fast.finish_reasons == ref.finish_reasons and fast.stats["corrections"] == ref.stats["corrections"]
-    assert fast.row_seeds == ref.row_seeds == [cfg.seed + b for b in range(3)]
+    assert fast.row_seeds == ref.row_seeds == [row_seed(cfg.seed, b) for b in range(3)]
     return fast.stats["corrections"] > 0, "eos" in fast.finish_reasons
 
 
@@ -354,7 +358,7 @@ def test_sampled_generate_equals_reference_many(models):
 
 @pytest.mark.parametrize("window", [2, 3])
 def test_sampled_row_equals_its_single_run_with_its_seed(models, window):
-    """Row b of a batch decoded with seed s is the row decoded alone with row seed s + b."""
+    """Row b of a batch decoded with seed s is the row decoded alone with row seed ``row_seed(s, b)``."""
     ids, mask = prompts(3, lengths=(4, 10, 7), seed=11)
     cfg = SamplingConfig(max_new_tokens=12, rpt_iters=2, rpt_window=window, confidence=0.1, temperature=1.0,
                          top_p=0.95, ptp_greedy=False, lz_penalty=0.5, lz_window=16, seed=40)
@@ -362,9 +366,9 @@ def test_sampled_row_equals_its_single_run_with_its_seed(models, window):
     assert batched.stats["corrections"] > 0
     for b in range(3):
         row = ids[b: b + 1, mask[b].argmax():]
-        alone = generate(models[window], row, cfg, row_seeds=[40 + b])
+        alone = generate(models[window], row, cfg, row_seeds=[row_seed(40, b)])
         assert alone.generated(0) == batched.generated(b)
-        assert generate_reference(models[window], row, cfg, row_seeds=[40 + b]).generated(0) == batched.generated(b)
+        assert generate_reference(models[window], row, cfg, row_seeds=[row_seed(40, b)]).generated(0) == batched.generated(b)
     # n samples of one prompt: rows of a repeated prompt get different seeds, hence different samples
     same = generate(models[window], ids[1:2].expand(4, -1), cfg)
     assert len({tuple(same.generated(b)) for b in range(4)}) > 1
@@ -416,19 +420,47 @@ def same_weights(attn: str) -> RPTForCausalLM:
 @pytest.mark.parametrize("attn", ["eager", "flex_attention", "flash_attention_2", "flash_attention_3"])
 def test_attention_implementations_give_sdpas_tokens(attn):
     """eager takes the 4D mask as sdpa does; flex / flash attention (which would misread it) run the
-    decoder's calls with sdpa, and the model is left as it was."""
+    decoder's masked calls (every call of a padded batch) with sdpa, and the model is left as it was."""
     ids, mask = prompts(3, seed=9)
     cases = [(SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.0), ids, mask),
              (SamplingConfig(max_new_tokens=10, rpt_iters=2, rpt_window=3, confidence=0.1, temperature=1.0,
-                             ptp_greedy=False, seed=3), ids, mask),
-             # one unpadded row: its mask-free NTP calls too
-             (SamplingConfig(max_new_tokens=10, rpt_iters=1, rpt_window=2, confidence=0.0), ids[:1], None)]
+                             ptp_greedy=False, seed=3), ids, mask)]
     for cfg, x, m in cases:
         want = generate(same_weights("sdpa"), x, cfg, attention_mask=m)
         model = same_weights(attn)
         got = generate(model, x, cfg, attention_mask=m)
         assert torch.equal(got.sequences, want.sequences)
         assert model.lm.config._attn_implementation == attn
+
+
+def test_mask_free_calls_keep_the_models_own_attention():
+    """A flash-like implementation (registered here: flash kernels need a GPU) runs the mask-free NTP
+    calls itself; only the calls with a custom mask switch to sdpa. The tokens are sdpa's."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    seen = []
+
+    def recording_flash(module, query, key, value, attention_mask, **kwargs):
+        seen.append((query.shape[2], attention_mask))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("flash_recording", recording_flash)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("flash_recording", flash_attention_mask)
+    ids, _ = prompts(1, seed=9)
+    for cfg in (SamplingConfig(max_new_tokens=10, eos_token_id=[]),
+                SamplingConfig(max_new_tokens=10, rpt_iters=1, rpt_window=2, confidence=0.0)):
+        seen.clear()
+        want = generate(same_weights("sdpa"), ids, cfg)
+        got = generate(same_weights("flash_recording"), ids, cfg)
+        assert torch.equal(got.sequences, want.sequences)
+        layers, steps = 2, got.stats["forward_passes"] - 1
+        assert all(m is None and q == 1 for q, m in seen)  # only mask-free 1-query steps ran on it
+        if cfg.rpt_iters:  # most calls carry PTP chains and a mask: those ran with sdpa, not recorded
+            assert 0 < len(seen) < layers * steps
+        else:  # NTP: every call after the (masked) prefill is mask-free, and runs on the model's kernel
+            assert len(seen) == layers * steps
 
 
 def test_unknown_attention_implementation_is_a_clear_error():
@@ -455,6 +487,46 @@ def test_compile_fixed_shapes_trace():
     eager tokens; ``make test-slow`` also runs the inductor backend (minutes on 2 cores)."""
     torch._dynamo.reset()
     compile_case("eager")
+
+
+def test_compile_over_many_prompt_widths_never_falls_back_to_eager(models):
+    """12 batches of different widths across four capacity buckets: the same tokens as eager, a
+    bounded set of graphs, and no ``recompile_limit`` (past it dynamo silently runs the step eagerly)."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    class Messages(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    torch._dynamo.reset()
+    counters.clear()
+    messages, dynamo_log = Messages(), logging.getLogger("torch._dynamo")
+    dynamo_log.addHandler(messages)
+    model = models[2].float()
+    graphs = {}
+    try:
+        for k in (1, 0):  # RPT through the per-row driver, NTP through the batch-flat path
+            cfg = SamplingConfig(max_new_tokens=4, rpt_iters=k, rpt_window=2, confidence=0.3, eos_token_id=[])
+            counters.clear()
+            for width in (3, 4, 5, 40, 41, 42, 90, 91, 92, 180, 181, 182):
+                # NTP with one row: a [1, 1] slice of the layout counts as contiguous whatever its strides
+                ids = torch.randint(0, V, (2 if k else 1, width), generator=torch.Generator().manual_seed(width))
+                eager, compiled = generate(model, ids, cfg), generate(model, ids, cfg, compile="eager")
+                assert torch.equal(eager.sequences, compiled.sequences)
+            graphs[k] = counters["stats"]["unique_graphs"]
+    finally:
+        dynamo_log.removeHandler(messages)
+        models[2].double()
+        torch._dynamo.reset()
+    assert not [m for m in messages.seen if "recompile_limit" in m]
+    assert 8 < graphs[1] <= 16  # past the default limit of 8, and bounded
+    assert graphs[0] <= 6  # one step graph per capacity bucket (and the short prefills'), not one per width
 
 
 @pytest.mark.slow

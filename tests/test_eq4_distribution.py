@@ -30,6 +30,7 @@ def model() -> RPTForCausalLM:
     # seed 1 / init 0.3: spread-out conditionals (no token above 0.8), an NTP next-token law that
     # depends on x_i and a PTP-1 argmax that differs for each x_{i+1}: eq. 4 differs from NTP here
     m = RPTForCausalLM.from_base(tiny_llama(vocab_size=V, seed=1, initializer_range=0.3), window=3).double().eval()
+    m.lm.generation_config.eos_token_id = None  # LlamaConfig's default EOS (2) is a token of this 3-token chain
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         m.offset_embedding.weight.copy_(torch.randn(m.offset_embedding.weight.shape, generator=g, dtype=torch.float64))

@@ -174,7 +174,7 @@ def test_humaneval_samples_per_task(scripts, ckpt, calls, tmp_path):
     assert scripts["humaneval"].main(argv) == 0
     summary = json.loads(out.read_text())
     assert all(not c.token_healing for _, c in calls)
-    # greedy: one decode serves both samples; T = 1: two decodes, seeded per batch so they differ
+    # greedy: one decode serves both samples; T = 1: two decodes, seeded per sample so they differ
     assert n_prompts(calls) == 3
     greedy, sampled = summary["settings"]
     assert [r["sample"] for r in greedy["results"]] == [0, 1] and [r["sample"] for r in sampled["results"]] == [0, 1]
@@ -182,6 +182,21 @@ def test_humaneval_samples_per_task(scripts, ckpt, calls, tmp_path):
     assert sampled["results"][0]["completion"] != sampled["results"][1]["completion"]
     assert {"pass@1", "pass@2"} <= set(summary) and {"pass@1", "pass@2"} <= set(sampled)
     assert summary["samples_per_task"] == 2 and summary["n_problems"] == 1 and summary["n_samples"] == 2
+
+
+def test_sampled_completions_do_not_depend_on_batch_size(scripts, ckpt, tmp_path):
+    """Each (problem, sample, setting) is keyed by itself, not by its batch (no --seed: seed 0)."""
+    runs = {}
+    for size in (1, 4):
+        out = tmp_path / f"he{size}.json"
+        argv = ["--checkpoint", ckpt["rpt"], "--limit", "4", "--n-samples", "2", "--temperatures", "0.8",
+                "--rpt-iters", "1", "--batch-size", str(size), "--max-new-tokens", "8", "--no-token-healing",
+                "--out", str(out)]
+        assert scripts["humaneval"].main(argv) == 0
+        (setting,) = json.loads(out.read_text())["settings"]
+        runs[size] = [(r["task_id"], r["sample"], r["completion"]) for r in setting["results"]]
+    assert runs[1] == runs[4]
+    assert len(runs[1]) == 8 and len({c for _, _, c in runs[1]}) > 4  # sampled: mostly distinct completions
 
 
 @needs_data

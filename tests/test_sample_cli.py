@@ -14,6 +14,7 @@ import sample
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.fast_decoder import generate
+from rpt.sampling.randomness import row_seed
 from tests.tiny_models import tiny_llama
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -243,7 +244,7 @@ def test_token_healing_with_rpt(ckpt, capsys, tmp_path):
 
 
 def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_path):
-    """Prompt i's draws are keyed by seed + i: its sampled text is the same at any batch size, the
+    """Prompt i's draws are keyed by row_seed(seed, i): its sampled text is the same at any batch size, the
     reference sampler agrees, and repeated prompts (n samples of one task) differ."""
     from rpt.evaluation.generation import generate_texts
 
@@ -254,7 +255,7 @@ def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_
     one = generate_texts(model, tokenizer, prompts, cfg, batch_size=1)
     three = generate_texts(model, tokenizer, prompts, cfg, batch_size=3)
     assert [o["text"] for o in one] == [o["text"] for o in three]
-    assert [o["seed"] for o in one] == [5, 6, 7, 8, 9]
+    assert [o["seed"] for o in one] == [row_seed(5, i) for i in range(5)]
     assert len({one[i]["text"] for i in (0, 3, 4)}) > 1
     src = write_prompts(tmp_path / "p.jsonl", [{"prompt": p} for p in prompts])
     args = ["--checkpoint", ckpt["rpt"], "--prompts", src, "--max-new-tokens", 8, "--rpt-iters", 1, "--rpt-window", 3,

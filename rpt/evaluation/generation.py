@@ -51,7 +51,7 @@ def generate_texts(
     """Continuations of ``prompts``: per prompt ``text`` (cut at ``config.stop``), ``prompt_ids``,
     ``new_ids``, ``finish_reason``, ``seed``; plus the batch's decoding stats under ``stats``.
 
-    Prompt i's draws are keyed by ``config.seed + i`` (or ``row_seeds[i]``): its text does not depend
+    Prompt i's draws are keyed by ``row_seed(config.seed, i)`` (or ``row_seeds[i]``): its text does not depend
     on ``batch_size``, and repeated prompts give different samples (:mod:`rpt.sampling.texts`).
     """
     encoded = [tokenizer(p)["input_ids"] for p in prompts]

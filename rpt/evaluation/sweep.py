@@ -9,7 +9,8 @@ scripts share:
 * :func:`generate_sweep`: completions for every (item, sample, setting), resumable through a
   :class:`~rpt.evaluation.report.ResultStore` (key: item, sample index, checkpoint path, the full
   sampling config and the prompt), with a progress bar, split across processes under
-  ``accelerate launch``;
+  ``accelerate launch``; each completion draws with a seed hashed from (seed, item, sample index,
+  setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume;
 * :func:`decoding_stats`, :func:`best_of_temperatures`, :func:`settings_table` and
   :func:`plot_sweep` for the reports.
 """
@@ -91,9 +92,12 @@ def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int
     return f"gen:{item_id}:{sample}:{hashlib.sha1(spec.encode()).hexdigest()[:20]}"
 
 
-def _batch_seed(seed: int, keys: Sequence[str]) -> int:
-    """A seed per batch, so samples of one prompt in different batches differ (still reproducible)."""
-    return int(hashlib.sha1(json.dumps([seed, *keys]).encode()).hexdigest()[:8], 16)
+def sample_seed(seed: int, item_id, sample: int, setting: str) -> int:
+    """The row seed of one completion: a hash of (seed, item, sample index, setting), so a completion
+    does not depend on the batch it is decoded in, the process split or a resume, and the samples of
+    one item (or one item under two settings) share no draws."""
+    digest = hashlib.sha1(json.dumps([seed, str(item_id), sample, setting]).encode()).hexdigest()
+    return int(digest[:15], 16)  # 60 bits: an int64 row seed
 
 
 def _state():
@@ -132,12 +136,15 @@ def generate_sweep(
     ``completion`` (cut at the config's stop strings), ``new_tokens``, ``finish_reason``, ``batch``
     (the decoding stats of the batch that produced it, for :func:`decoding_stats`). Completions
     already in ``store`` are not generated again. Under ``accelerate launch`` each process
-    generates its share of the items and every process gets all records back.
+    generates its share of the items and every process gets all records back. Completion (item,
+    sample j, setting) draws with :func:`sample_seed` ``(base.seed or 0, item, j, setting)``: it does
+    not depend on ``batch_size``, the process split or a resume.
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     encode(tokenizer, list(items), model)  # every prompt fits the context: one clear error, up front
     mine, gather = split_across_processes(list(items))
+    seed = 0 if base.seed is None else base.seed  # an evaluation is reproducible without --seed
     out: dict[str, list[dict]] = {}
     with tqdm(total=len(settings) * len(mine) * n_samples, desc=desc, unit="gen",
               disable=not is_main_process()) as bar:
@@ -146,18 +153,23 @@ def generate_sweep(
             jobs = [(item, j, generation_key(checkpoint, config, item["id"], j, item["prompt"]))
                     for item in mine for j in range(n_samples)]
             todo: dict[str, dict] = {}
+            seeds: dict[str, int] = {}
             weight: dict[str, int] = {}
-            for item, _, key in jobs:
+            for item, j, key in jobs:
                 if key not in store:
                     todo.setdefault(key, item)
+                    # a deterministic config shares one key for all samples: seed it as sample 0
+                    seeds.setdefault(key, sample_seed(seed, item["id"], 0 if config.deterministic else j,
+                                                      setting.name))
                     weight[key] = weight.get(key, 0) + 1
             bar.set_postfix_str(setting.name)
             bar.update(len(jobs) - sum(weight.values()))
             keys = sorted(todo, key=lambda k: len(todo[k]["prompt"]))  # similar lengths, less padding
             for start in range(0, len(keys), batch_size):
                 chunk = keys[start : start + batch_size]
-                cfg = config if config.seed is None else dataclasses.replace(config, seed=_batch_seed(config.seed, chunk))
-                outs = generate_texts(model, tokenizer, [todo[k]["prompt"] for k in chunk], cfg, len(chunk))
+                # each completion keyed by (item, sample, setting), whatever batch it lands in
+                outs = generate_texts(model, tokenizer, [todo[k]["prompt"] for k in chunk], config, len(chunk),
+                                      row_seeds=[seeds[k] for k in chunk])
                 batch = {"id": uuid.uuid4().hex[:12], **{s: outs[0]["stats"][s] for s in _BATCH_STATS}}
                 for key, o in zip(chunk, outs):
                     store.add(key, {"completion": o["text"], "new_tokens": len(o["new_ids"]),

@@ -75,7 +75,7 @@ class Plan:
 
     k: int  # RPT iterations (0: plain NTP)
     w: int  # window
-    max_new: int
+    max_new: int  # the longest row budget (a row's own: Row.max_new)
     deterministic: bool  # greedy NTP and greedy PTP: an unchanged sweep ends the iterations
     stopper: StopChecker
 
@@ -88,8 +88,9 @@ class Row:
     """
 
     def __init__(self, prompt: list[int], prefix: bytes = b"", vocab: TokenVocabulary | None = None,
-                 streamer=None, stream_lag: int = 0):
+                 streamer=None, stream_lag: int = 0, max_new: int | None = None):
         self.tokens = list(prompt)
+        self.max_new = max_new  # this row's budget (None: the plan's)
         self.prompt_length = len(prompt)
         self.frontier = HealingFrontier(vocab, prefix)
         self.stream = FrozenStream(streamer, prompt, stream_lag)
@@ -164,7 +165,8 @@ def resample_window(row: Row, t: int, plan: Plan) -> Generator[list[Request], li
 
 def decode_row(row: Row, plan: Plan) -> Program:
     """A prompt's whole decode: NTP proposal, RPT iterations, stop checks, position after position."""
-    for t in range(row.prompt_length, row.prompt_length + plan.max_new):
+    budget = plan.max_new if row.max_new is None else row.max_new
+    for t in range(row.prompt_length, row.prompt_length + budget):
         (token,) = yield [NTPRequest(t, 0)]
         row.append(token)
         if plan.k:

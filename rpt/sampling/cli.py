@@ -44,7 +44,7 @@ _HELP = {
     "token_healing": "heal the prompt boundary (re-spell its last tokens canonically)",
     "stop": "stop string (repeatable; \\n and \\t escapes understood)",
     "eos_token_id": "end-of-sequence token id (repeatable; default: the tokenizer's)",
-    "seed": "random seed: row i of the prompts draws with seed + i (same seed, same output, any batch size)",
+    "seed": "random seed: row i of the prompts draws with a hash of (seed, i) (same seed, same output, any batch size)",
 }
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
@@ -94,7 +94,7 @@ def sampling_config_from_args(args: argparse.Namespace, tokenizer=None, **overri
         values.pop("stop", None)
     eos = values.get("eos_token_id")
     if getattr(args, "ignore_eos", False):
-        values["eos_token_id"] = None
+        values["eos_token_id"] = []  # an empty list: no EOS (None would mean the model's / tokenizer's)
     elif eos is None and tokenizer is not None and tokenizer.eos_token_id is not None:
         values["eos_token_id"] = int(tokenizer.eos_token_id)
     elif isinstance(eos, list) and len(eos) == 1:

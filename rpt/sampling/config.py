@@ -8,6 +8,7 @@ accepts a proposal only when its post-penalty probability exceeds ``confidence``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class SamplingConfig:
     penalize_ptp: bool = True  # PTP proposals for x_j get the processors NTP had at position j
     token_healing: bool = False
     stop: list[str] = field(default_factory=list)
-    eos_token_id: int | list[int] | None = None
+    eos_token_id: int | list[int] | None = None  # None: the model's generation_config, else the tokenizer's; []: none
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -118,6 +119,24 @@ class SamplingConfig:
     def deterministic(self) -> bool:
         """The whole decode is a function of the prompt: greedy NTP (which makes PTP greedy too)."""
         return self.greedy
+
+    def with_default_eos(self, model=None, tokenizer=None) -> SamplingConfig:
+        """This config, with ``eos_token_id=None`` replaced by the model's EOS ids
+        (``generation_config.eos_token_id``, what Hugging Face's ``generate`` stops at) and the
+        tokenizer's ``eos_token_id``, all of them (none known: ``[]``). A config with an EOS set
+        (``[]`` included: never stop at EOS) is returned as is."""
+        if self.eos_token_id is not None:
+            return self
+        found: list = []
+        for owner in (model, getattr(model, "lm", None)):  # an RPTForCausalLM keeps it on its base model
+            found.append(getattr(getattr(owner, "generation_config", None), "eos_token_id", None))
+        found.append(getattr(tokenizer, "eos_token_id", None))
+        ids: list[int] = []
+        for eos in found:
+            for i in eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]:
+                if int(i) not in ids:
+                    ids.append(int(i))
+        return dataclasses.replace(self, eos_token_id=ids)
 
     @property
     def eos_token_ids(self) -> list[int]:

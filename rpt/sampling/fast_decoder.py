@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import ModelQueries, Visibility
-from rpt.sampling import randomness
+from rpt.sampling import ntp_path, randomness
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenHealingLogitsProcessor
@@ -48,12 +48,12 @@ from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.prompts import (
     Prompts,
     check_model,
-    effective_max_new_tokens,
     pad_token_id,
     prepare_prompts,
+    row_budgets,
     rpt_iterations,
 )
-from rpt.sampling.proposals import Proposer
+from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
 
@@ -88,8 +88,14 @@ class _Slot:
 
     def served_upto(self, n: int) -> int:
         """The first column (<= n + 1) whose cached KV is not the current token's."""
-        for c in range(max(self.low, self.pad), n + 1):
-            if self.kv[c] != self.token(c):
+        lo, tokens = max(self.low, self.pad), self.row.tokens
+        hi = min(n + 1, self.pad + len(tokens))  # columns holding the row's tokens; pad ids after them
+        if hi > lo:
+            cached, current = self.kv[lo:hi], tokens[lo - self.pad: hi - self.pad]
+            if cached != current:  # one C-level list comparison on the common path: all served
+                return lo + next(i for i, (a, b) in enumerate(zip(cached, current)) if a != b)
+        for c in range(max(lo, hi), n + 1):
+            if self.kv[c] != self.pad_id:
                 return c
         return n + 1
 
@@ -132,7 +138,6 @@ class _Pattern:
 
     def __init__(self, block: _Block, device: torch.device):
         table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
-        self.rel = block.rows()
         self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
         self.offsets = offsets if block.lags else None
         keep = block.keep()
@@ -149,12 +154,14 @@ class _Decoder:
                  seeds: list[int] | None, compile: bool | str):
         self.start = time.perf_counter()
         config.validate()
+        config = config.with_default_eos(model, tokenizer)
         check_model(model, config)
-        self.config, self.input_ids = config, input_ids
+        self.config, self.input_ids, self.streamer = config, input_ids, streamer
         self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
         check_streamer(streamer, len(prompts.rows))
         k = rpt_iterations(model, config)
-        self.plan = Plan(k=k, w=config.rpt_window, max_new=effective_max_new_tokens(model, prompts, config),
+        self.budgets = row_budgets(model, prompts, config)
+        self.plan = Plan(k=k, w=config.rpt_window, max_new=max(self.budgets),
                          deterministic=config.deterministic,
                          stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
         self.device = device = input_ids.device
@@ -178,6 +185,7 @@ class _Decoder:
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
+        self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
         seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
@@ -187,7 +195,8 @@ class _Decoder:
 
     def _slot(self, b: int, streamer) -> _Slot:
         p = self.prompts
-        row = Row(p.rows[b], p.prefixes[b], p.vocab, streamer, stream_lag=self.plan.w - 1 if self.plan.k else 0)
+        row = Row(p.rows[b], p.prefixes[b], p.vocab, streamer, stream_lag=self.plan.w - 1 if self.plan.k else 0,
+                  max_new=self.budgets[b])
         slot = _Slot(b, row, decode_row(row, self.plan), p.pads[b], self.pad_id, [None] * (self.last + 2),
                      low=p.pads[b])
         slot.requests = next(slot.program)
@@ -234,6 +243,7 @@ class _Decoder:
         guess = None if draws is None else draws[min(s.requests[0].it, len(draws) - 1)]
         if guess is not None and guess != s.token(n):
             s.feed[n] = guess  # x_n as it will be if this sweep changes nothing
+            self.guesses.append((s.index, guess))
             return min(first, n), False
         return first, False
 
@@ -242,6 +252,7 @@ class _Decoder:
         start, keep_prev, chains = n + 1, False, {}
         for s in self.slots:
             s.feed.clear()
+        self.guesses.clear()
         for s in live:
             first, prev = self._needs(s, n, chains)
             start, keep_prev = min(start, first), keep_prev or prev
@@ -264,13 +275,14 @@ class _Decoder:
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
-    def _ids(self, pattern: _Pattern, n: int) -> torch.Tensor:
-        """``[batch, Q]`` tokens of the block: the region's (a row's guess at column n) and the chains'."""
-        rows = []
-        for s in self.slots:
-            rows.append([s.feed.get(n + src, s.token(n + src)) if w == src else s.token(n + src)
-                         for src, w, _, _, _ in pattern.rel])
-        return self._to_device(rows)
+    def _ids(self, pattern: _Pattern, block: _Block, n: int) -> torch.Tensor:
+        """``[batch, Q]`` tokens of the block: the rows' current tokens at each query's source column
+        (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
+        ids = self.seqs.index_select(1, pattern.src + n)
+        if self.guesses:  # column n is the region's last query
+            g = self._to_device(self.guesses)
+            ids[g[:, 0], block.region - 1] = g[:, 1]
+        return ids
 
     def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
         src, write = pattern.src + n, pattern.write + n
@@ -293,8 +305,9 @@ class _Decoder:
 
     def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
                  ) -> list[list[int]]:
-        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer."""
-        out, at = [], 0
+        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer (its first column:
+        whether the row's logits were NaN / inf, checked in the same transfer)."""
+        out, at = [nonfinite(logits)[:, None].long()], 0
         position = n - self.pads  # each row's position of column n
         if block.keep_top:  # over the tokens fed at column n (a row's guess, if it made one)
             context = torch.cat([self.seqs[:, :n], ids[:, block.region - 1: block.region]], 1)
@@ -316,10 +329,14 @@ class _Decoder:
             fed = s.feed.get(c, s.token(c))
             if s.kv[c] != fed:
                 changed, s.kv[c] = min(changed, c), fed
-        for c in [c for c in s.draws if c > changed]:  # computed over KV that was just replaced
-            del s.draws[c]
-        if block.region > 0:
-            s.low = max(s.low, n - self.plan.w)  # the cache now serves the row through n: no older column changes
+        if changed <= n:  # draws computed over KV that was just replaced are stale (none if nothing changed)
+            for c in [c for c in s.draws if c > changed]:
+                del s.draws[c]
+        if block.region > 0:  # the cache now serves the row through n: no older column changes
+            low = max(s.low, n - self.plan.w)
+            for c in range(s.low, low):  # nor is any older column's proposal asked for again
+                s.draws.pop(c, None)
+            s.low = low
         d, at = self.proposer.ntp_draws, 0
         if block.keep_top:
             s.draws[n + 1], at = vals[:d], d
@@ -341,13 +358,27 @@ class _Decoder:
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device)
         self._apply_writes()  # host-to-device copies first, while the device is idle
-        ids, its = self._ids(pattern, n), self._iterations(block, chains)
+        ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
         logits = self._call(block, ids, pattern, n)
         vals = self._propose(logits, ids, block, its, n)
-        self._deliver(live, vals, block, chains, n)
+        raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
+        self._deliver(live, [v[1:] for v in vals], block, chains, n)
+
+    def ntp_logits(self, region: int, n: int) -> torch.Tensor:
+        """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
+        .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
+        block = _Block(region, (), keep_top=True, keep_prev=False)
+        pattern = self._patterns.get(block)
+        if pattern is None:
+            pattern = self._patterns[block] = _Pattern(block, self.device)
+        # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
+        return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
+                          pattern, n)
 
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
+        if ntp_path.eligible(self):  # plain NTP: all rows as tensors, no per-row Python per step
+            return ntp_path.run(self)
         n = self.W - 1  # the column being settled (the prompts' last, to start: the prefill)
         live = list(self.slots)
         while live:
@@ -374,16 +405,22 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
 
     Args:
         model: an :class:`~rpt.model.RPTForCausalLM` (any HF causal LM when ``rpt_iters == 0``), in
-            eval mode, with full-attention layers (sdpa or eager; flex / flash attention models run
-            these calls with sdpa).
+            eval mode, with full-attention layers or sliding-window ones whose window covers the
+            decode (sdpa or eager; flex / flash attention models run the calls with a custom mask
+            with sdpa). NaN / inf logits raise ``ValueError``.
         input_ids, attention_mask: the prompts; rows of different lengths are left-padded.
-        config: every knob (``rpt_iters = 0`` is plain NTP sampling).
+        config: every knob (``rpt_iters = 0`` is plain NTP sampling); ``eos_token_id=None`` stops
+            at the model's ``generation_config`` EOS and the tokenizer's (``[]``: never). Each row's
+            budget is ``max_new_tokens`` or what its own prompt leaves of the context.
         tokenizer: needed for stop strings and token healing.
         streamer: for a single prompt, an object with ``put(ids)`` / ``end()`` (Hugging Face
             streamer protocol; the first ``put`` is the prompt) that receives each generated token
             once RPT can no longer change it.
-        row_seeds: one seed per row keying its random draws (default ``config.seed + b``); the
-            same seed gives a row the same tokens in any batch and in :func:`generate_reference`.
+        row_seeds: one seed per row keying its random draws (default a hash of ``(config.seed, b)``:
+            :func:`~rpt.sampling.randomness.row_seed`, so runs with different seeds share no draws); the
+            same seed gives a row the same tokens in any batch and in :func:`generate_reference` in
+            float32 / float64; in bfloat16 / float16 a batch's kernels may round a logit differently
+            and so move a near tie (as in Hugging Face ``generate``).
         compile: compile the model step with ``torch.compile`` (fixed shapes: the query block is
             padded to a bucket size, the whole cache attended); a string names the backend.
 

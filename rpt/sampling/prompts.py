@@ -87,26 +87,32 @@ def context_limit(model) -> int | None:
     return getattr(model.config, "max_position_embeddings", None)
 
 
-def effective_max_new_tokens(model, prompts: Prompts, config: SamplingConfig) -> int:
-    """``max_new_tokens``, shortened (with a warning) so no row runs past the model's context."""
+def row_budgets(model, prompts: Prompts, config: SamplingConfig) -> list[int]:
+    """Each row's ``max_new_tokens``, shortened (with a warning naming the rows) where the row would run
+    past the model's context: a row's budget depends on its own prompt only, never on its neighbours."""
     limit = context_limit(model)
-    longest = max(len(r) for r in prompts.rows)
+    lengths = [len(r) for r in prompts.rows]
     if limit is None:
-        return config.max_new_tokens
-    if longest >= limit:
+        return [config.max_new_tokens] * len(lengths)
+    if max(lengths) >= limit:
         raise ValueError(
-            f"a prompt has {longest} tokens but the model's context is {limit} (max_position_embeddings); "
+            f"a prompt has {max(lengths)} tokens but the model's context is {limit} (max_position_embeddings); "
             "shorten the prompt"
         )
-    if longest + config.max_new_tokens > limit:
+    budgets = [min(config.max_new_tokens, limit - n) for n in lengths]
+    short = [b for b, budget in enumerate(budgets) if budget < config.max_new_tokens]
+    if short:
         warnings.warn(f"max_new_tokens={config.max_new_tokens} would run past the model's context of {limit} "
-                      f"tokens; generating at most {limit - longest}", stacklevel=4)
-        return limit - longest
-    return config.max_new_tokens
+                      f"tokens; rows {short} generate at most {[budgets[b] for b in short]}", stacklevel=4)
+    return budgets
 
 
 def pad_token_id(model, config: SamplingConfig) -> int:
-    pad = getattr(model.config, "pad_token_id", None)
-    if pad is None:
-        pad = config.eos_token_ids[0] if config.eos_token_ids else 0
-    return int(pad)
+    """The id fed in padding columns (always masked) and written after a finished row's end: the
+    model's pad id, else the first EOS id, else 0; one the embedding holds (a default config's EOS
+    may lie outside a small vocabulary)."""
+    vocab = getattr(model.config, "vocab_size", None)
+    for pad in (getattr(model.config, "pad_token_id", None), *config.eos_token_ids[:1]):
+        if pad is not None and (vocab is None or 0 <= int(pad) < vocab):
+            return int(pad)
+    return 0

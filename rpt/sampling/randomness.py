@@ -68,13 +68,30 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).clamp_(max=probs.shape[-1] - 1)
 
 
+def row_seed(seed: int, row: int) -> int:
+    """The seed of row ``row`` of a run seeded ``seed``: a hash of the pair, in ``[0, 2^62)``.
+
+    Not ``seed + row``: then the run with seed 1 would share all but one row's draws with the run
+    with seed 0 (its row b is their row b + 1), and samples collected one call per seed would be
+    mostly duplicates. Hashed, runs with different seeds share no row seed (up to 2^-62 collisions).
+    """
+    return _row_seeds(seed, torch.tensor([int(row)]))[0]
+
+
+def _row_seeds(seed: int, rows: torch.Tensor) -> list[int]:
+    h = _absorb(torch.full_like(rows, 0x1B873593), torch.full_like(rows, int(seed) % 2**63))
+    h = _absorb(h, rows)
+    low = _absorb(h, torch.full_like(rows, 0x5BD1E995))  # a second 32-bit word: 62 bits in all
+    return ((h << 30) ^ low).tolist()
+
+
 def row_seeds(seed: int | None, batch: int, given=None) -> list[int]:
-    """Per-row seeds: ``given`` (one per row), else ``seed + b``, else ``base + b`` with a base drawn
-    from torch's global generator (so ``torch.manual_seed`` makes an unseeded run repeatable)."""
+    """Per-row seeds: ``given`` (one per row), else :func:`row_seed` ``(seed, b)``, else the same with a
+    base drawn from torch's global generator (so ``torch.manual_seed`` makes an unseeded run repeatable)."""
     if given is not None:
         seeds = [int(s) for s in given]
         if len(seeds) != batch:
             raise ValueError(f"row_seeds has {len(seeds)} seeds for a batch of {batch} prompts; give one per row")
         return seeds
     base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-    return [base + b for b in range(batch)]
+    return _row_seeds(base, torch.arange(batch))

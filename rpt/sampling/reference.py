@@ -25,12 +25,12 @@ from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.prompts import (
     check_model,
-    effective_max_new_tokens,
     pad_token_id,
     prepare_prompts,
+    row_budgets,
     rpt_iterations,
 )
-from rpt.sampling.proposals import Proposer
+from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
 
@@ -47,7 +47,9 @@ class _UncachedAnswers:
 
     def _last_logits(self, ids: list[int], **kwargs) -> torch.Tensor:
         self.calls += 1
-        return self.model(self._ids(ids), use_cache=False, **kwargs).logits[:, -1]
+        logits = self.model(self._ids(ids), use_cache=False, **kwargs).logits[:, -1]
+        raise_nonfinite(nonfinite(logits).nonzero()[:, 0].tolist())
+        return logits
 
     def ntp(self, req: NTPRequest) -> int:
         x = self.row.tokens[: req.t]
@@ -86,15 +88,17 @@ def generate_reference(model, input_ids: torch.Tensor, config: SamplingConfig, a
 
     Same contract as :func:`rpt.sampling.fast_decoder.generate` (``tokenizer`` is needed for stop
     strings and token healing; ``streamer`` receives tokens of a single prompt once they are final;
-    ``row_seeds`` keys each row's draws, default ``config.seed + b``).
+    ``row_seeds`` keys each row's draws, default ``row_seed(config.seed, b)``, a hash).
     """
     start = time.perf_counter()
     config.validate()
+    config = config.with_default_eos(model, tokenizer)
     check_model(model, config)
     prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
     check_streamer(streamer, len(prompts.rows))
     k = rpt_iterations(model, config)
-    plan = Plan(k=k, w=config.rpt_window, max_new=effective_max_new_tokens(model, prompts, config),
+    budgets = row_budgets(model, prompts, config)
+    plan = Plan(k=k, w=config.rpt_window, max_new=max(budgets),
                 deterministic=config.deterministic,
                 stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
     seeds = randomness.row_seeds(config.seed, len(prompts.rows), row_seeds)
@@ -104,7 +108,8 @@ def generate_reference(model, input_ids: torch.Tensor, config: SamplingConfig, a
     for b, (prompt, prefix) in enumerate(zip(prompts.rows, prompts.prefixes)):
         healing = TokenHealingLogitsProcessor(prompts.vocab, [prefix], len(prompt)) if prefix else None
         proposer = Proposer(config, len(prompt), torch.tensor([seeds[b]], device=device), healing=healing)
-        row = Row(prompt, prefix, prompts.vocab, streamer, stream_lag=config.rpt_window - 1 if k else 0)
+        row = Row(prompt, prefix, prompts.vocab, streamer, stream_lag=config.rpt_window - 1 if k else 0,
+                  max_new=budgets[b])
         calls += _decode(model, row, plan, proposer, device)
         generated.append(row.generated)
         reasons.append(row.reason)

@@ -3,7 +3,7 @@ scripts (through :func:`rpt.evaluation.generation.generate_texts`) and the repet
 
 It left-pads each batch, runs a decoder, and decodes every row back to the text after its prompt
 (cut at the first stop string; token healing's re-spelled prompt end is not repeated). Row seeds
-follow the prompt's index in the whole list (``config.seed + i``), so the text of a prompt does
+follow the prompt's index in the whole list (a hash of ``(config.seed, i)``), so the text of a prompt does
 not depend on the batch size or on which other prompts share its batch.
 """
 
@@ -70,7 +70,7 @@ def complete(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Samp
 
     Args:
         decode: :func:`~rpt.sampling.generate` (default) or :func:`~rpt.sampling.generate_reference`.
-        row_seeds: one seed per prompt (default ``config.seed + i``, i the prompt's index here).
+        row_seeds: one seed per prompt (default ``row_seed(config.seed, i)``, i the prompt's index here).
         streamer: for a single prompt, a streamer receiving its tokens as they become final.
         on_batch: called with the number of prompts of each finished batch.
         compile: ``torch.compile`` the model step (:func:`~rpt.sampling.generate` only).

@@ -1,0 +1,66 @@
+r"""The batch-flat NTP path of ``generate`` (``rpt_iters == 0``): host work that does not grow with
+the batch.
+
+The per-row driver (:mod:`rpt.sampling.fast_decoder`) resumes every row's program
+(:func:`rpt.sampling.algorithm.decode_row`) each step, tens of microseconds of Python per row. For
+plain NTP sampling the program is one proposal per position and a stop check, so here the decode
+state of all rows lives in device tensors (tokens, each row's last column, which rows are done)
+and a step is a fixed run of tensor operations around one model call: propose (the same
+:class:`~rpt.sampling.proposals.Proposer`, the same position-keyed draws), write the token, mark
+rows that produced an EOS or reached their budget, and one device-to-host transfer (NaN logits
+and whether every row is done). A finished row is fed its pad id until the others finish, as in
+Hugging Face ``generate``.
+
+It covers what needs no per-row Python: no stop strings (they decode text), no token healing
+(a per-row frontier), no streamer. The per-row driver runs everything else, and this path is tested
+against :func:`~rpt.sampling.reference.generate_reference` as that one is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rpt.sampling.output import GenerateOutput, assemble
+from rpt.sampling.proposals import nonfinite, raise_nonfinite
+
+
+def eligible(decoder) -> bool:
+    """Whether ``decoder``'s decode is plain NTP with nothing that needs per-row Python."""
+    return (decoder.plan.k == 0 and not decoder.config.stop and not any(decoder.prompts.prefixes)
+            and decoder.streamer is None)
+
+
+def run(d) -> GenerateOutput:
+    """Decode every row of the :class:`~rpt.sampling.fast_decoder._Decoder` ``d`` to its end."""
+    device, W, batch = d.device, d.W, len(d.prompts.rows)
+    eos = torch.tensor(d.config.eos_token_ids, dtype=torch.long, device=device) if d.config.eos_token_ids else None
+    last = W - 1 + torch.tensor(d.budgets, device=device)  # the column of each row's last possible token
+    end = last.clone()  # the column of each row's final token, once it is done
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    n = W - 1
+    logits = d.ntp_logits(W, n)  # the prefill: the prompts' columns
+    while True:
+        bad = nonfinite(logits) & ~done  # a finished row's logits (of its pad id) are never used
+        token = d.proposer.ntp(d.seqs[:, : n + 1], logits[:, 0], n + 1 - d.pads)[:, 0]
+        token = torch.where(done, d.pad_id, token)
+        d.seqs[:, n + 1] = token
+        stop = ~done & (last <= n + 1)
+        if eos is not None:
+            stop |= ~done & torch.isin(token, eos)
+        end = torch.where(stop, n + 1, end)
+        done |= stop
+        n += 1
+        error, finished = torch.stack([bad.any(), done.all()]).tolist()  # the step's one transfer
+        if error:
+            raise_nonfinite(bad.nonzero()[:, 0].tolist())
+        if finished:
+            break
+        logits = d.ntp_logits(1, n)
+    counts = (end - W + 1).tolist()
+    rows = d.seqs[:, W: W + max(counts)].tolist()
+    generated = [row[:c] for row, c in zip(rows, counts)]
+    eos_ids = set(d.config.eos_token_ids)
+    reasons = ["eos" if g and g[-1] in eos_ids else "length" for g in generated]
+    stats = {"forward_passes": d.queries.calls, "corrections": 0}
+    return assemble(d.input_ids, d.prompts, generated, reasons, d.pad_id, stats, d.start,
+                    healed=d.config.token_healing, seeds=d.seeds)
