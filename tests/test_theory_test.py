@@ -126,3 +126,56 @@ def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
         assert "max_steps=50" in job.overrides
         assert ("objective=ntp" in job.overrides) == (q is None) and (f"q={q}" in job.overrides) == (q is not None)
     assert len({j.run_dir for *_, j in jobs}) == 6
+
+
+def test_table2_metric_is_improper_and_log_brier_are_proper():
+    truth = np.array([[0.6, 0.4]])
+    onehot, honest = np.array([[1.0, 0.0]]), truth
+    s_hot, s_true = tt.marginal_scores(onehot, truth), tt.marginal_scores(honest, truth)
+    assert s_hot["table2"] == pytest.approx(0.4) and s_true["table2"] == pytest.approx(0.48)  # by hand
+    assert s_hot["brier"] == pytest.approx(0.6 * 0.0 + 0.4 * 2.0)  # x = 0: (0, 0); x = 1: 1 + 1
+    assert s_true["log"] == pytest.approx(-(0.6 * np.log(0.6) + 0.4 * np.log(0.4)))
+    for q in np.linspace(0.01, 0.99, 25):  # the truth minimises both proper scores
+        s = tt.marginal_scores(np.array([[q, 1 - q]]), truth)
+        assert s["log"] >= s_true["log"] - 1e-12 and s["brier"] >= s_true["brier"] - 1e-12
+
+
+def test_acceptance_against_a_loop(truth):
+    model = wc.noisy_conditionals(truth.cond, 0.2, 0.3, seed=4)
+    acc = tt.acceptance_by_eta(model, etas=(0.0, 0.3, 0.5))
+    n = len(truth.contexts)
+    for eta in (0.0, 0.3, 0.5):
+        greedy = sampled = 0.0
+        for c in range(n):
+            joint = model.init[0][c][:, None] * model.init[1][c]
+            for b in range(joint.shape[1]):
+                row = model.resample[0][c][:, b]  # P(. | b)
+                greedy += joint[:, b].sum() * (row.max() > eta) / n
+                sampled += joint[:, b].sum() * row[row > eta].sum() / n
+        assert acc[str(eta)]["greedy"] == pytest.approx(greedy) and acc[str(eta)]["sampled"] == pytest.approx(sampled)
+    assert acc["0.0"]["sampled"] == pytest.approx(1.0)
+
+
+def test_implied_ptp_of_the_truth_is_the_true_ptp(truth):
+    assert np.allclose(tt.implied_ptp(truth.cond), truth.cond.resample[0])
+    pre = tt.precondition(truth.cond, truth.joint)
+    assert pre["ptp_head"] == pytest.approx(pre["truth"]) and pre["ntp_implied"] == pytest.approx(pre["truth"])
+    worse = wc.noisy_conditionals(truth.cond, 0.0, 0.5, seed=2)  # NTP exact, PTP noisy: the implied one wins
+    pre = tt.precondition(worse, truth.joint)
+    assert pre["ntp_implied"] == pytest.approx(pre["truth"]) and pre["head_beats_implied"] is False
+
+
+def test_evaluate_arms_on_tiny_models_writes_every_field():
+    from tests.test_controlled import tiny_rpt
+
+    design = dataclasses.replace(ctl.Design(), contexts=12, context_len=8)
+    small = ctl.truth_for(design.make_hmm(), design)
+    cross = {"noise_model": 1.4, "shared_noise": 1.05, "theorem1": 0.35, "curves": {}, "kappa_mean": 1.5}
+    models = {name: tiny_rpt(vocab=design.vocab + 2, window=2, seed=i) for i, name in enumerate("abc")}
+    out = tt.evaluate_arms(design, small, [(0.3, 0, "a"), (0.3, 1, "b"), (None, 0, "c")], cross, load=models.__getitem__)
+    assert len(out["arms"]) == 3 and "ntp_arm_tv0" in out and "practical" in out
+    for a in out["arms"]:
+        assert {"q", "seed", "ratio", "tv", "diff_ci95", "predicted_sign", "observed_sign", "scores", "acceptance",
+                "precondition", "shrunk_curve"} <= set(a)
+        assert a["observed_sign"] == tt.observed_sign(a["diff_ci95"])
+        assert a["scores"]["truth"]["log"] <= a["scores"]["0"]["log"]  # the truth is the best log score

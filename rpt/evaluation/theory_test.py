@@ -135,6 +135,7 @@ def arm_entry(q: float | None, seed: int, result: dict, r_star: float, truth: ct
              "diff_ci95": s["diff_ci95"], "tv1_over_tv0": s["tv_by_iters"]["1"] / s["tv_by_iters"]["0"],
              "predicted_sign": predicted_sign(ratio, r_star), "observed_sign": observed_sign(s["diff_ci95"])}
     if model_cond is not None:
+        entry.update(scores_entry(model_cond, truth))
         entry["shrunk_curve"] = shrunk_curve(model_cond, truth.cond, truth.joint)
         entry["shrunk_crossover"] = crossover(entry["shrunk_curve"])
     return entry
@@ -277,3 +278,57 @@ def markdown_tables(summary: dict) -> list[tuple[list[str], list[list]]]:
               "predicted sign", "observed sign"], rows),
             (["q", "mean r", "TV0", "TV1", "TV1-TV0", "95% CI (contexts x seeds)", "per seed", "observed sign"], pooled),
             (["crossover", "r*"], [[k, f(v)] for k, v in summary["crossover"].items()])]
+
+
+# ---- proper scores and the precondition on the controlled source (exact: the truth is known) ----------
+ETAS = (0.0, 0.5, 0.7, 0.9)
+
+
+def marginal_scores(pred: np.ndarray, truth: np.ndarray) -> dict:
+    """Expected scores of predicted laws ``pred[B, V]`` of ``x_i`` when ``x_i ~ truth[B, V]``, mean
+    over contexts: Table 2's ``1 - p(x)`` (improper: the argmax one-hot minimises it), the log score
+    ``-log p(x)`` and the Brier score ``sum_a (p(a) - [a = x])^2`` (both proper: the truth minimises them)."""
+    table2 = 1.0 - (truth * pred).sum(axis=-1)
+    log = -(truth * np.log(np.maximum(pred, 1e-300))).sum(axis=-1)
+    brier = (pred ** 2).sum(axis=-1) - 2.0 * (truth * pred).sum(axis=-1) + 1.0
+    return {"table2": float(table2.mean()), "log": float(log.mean()), "brier": float(brier.mean())}
+
+
+def acceptance_by_eta(cond: wc.WindowConditionals, etas: Sequence[float] = ETAS) -> dict:
+    """The chance the first PTP step moves ``x_i`` (its proposal's PTP probability above eta), from
+    the NTP window: greedy (argmax proposal) and sampled proposals."""
+    m0 = wc.ntp_joint(cond).sum(axis=1)  # [B, b]: law of x_{i+1}
+    prev = np.swapaxes(cond.resample[0], 1, 2)  # [B, b, a]
+    top = prev.max(axis=-1)
+    return {str(eta): {"greedy": float((m0 * (top > eta)).sum(axis=1).mean()),
+                       "sampled": float((m0 * (prev * (prev > eta)).sum(axis=-1)).sum(axis=1).mean())}
+            for eta in etas}
+
+
+def implied_ptp(cond: wc.WindowConditionals) -> np.ndarray:
+    """The PTP conditional the NTP head implies, ``P*(a|b) ∝ p^(a) N^(b|a)``, as ``[B, a, b]``."""
+    joint = wc.ntp_joint(cond)
+    return joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300)
+
+
+def precondition(cond: wc.WindowConditionals, joint: np.ndarray) -> dict:
+    """Is the trained PTP head better than the PTP the NTP head implies? Expected PTP loss
+    ``E[-log P(x_i | x_{i+1})]`` under the true joint, for the head and for P*, and the truth's own."""
+    def loss(p):
+        return float(-(joint * np.log(np.maximum(p, 1e-300))).sum(axis=(1, 2)).mean())
+
+    true_prev = joint / np.maximum(joint.sum(axis=1, keepdims=True), 1e-300)
+    out = {"ptp_head": loss(cond.resample[0]), "ntp_implied": loss(implied_ptp(cond)), "truth": loss(true_prev)}
+    out["head_beats_implied"] = bool(out["ptp_head"] < out["ntp_implied"])
+    return out
+
+
+def scores_entry(cond: wc.WindowConditionals, truth: ctl.Truth, iters: int = 1) -> dict:
+    """Per model: the scores of ``p_k`` (k = 0..iters, sampled PTP) and of the true marginal and the
+    argmax one-hot (the improper metric's tell), acceptance per eta, the precondition."""
+    true_marg = truth.joint.sum(axis=2)
+    joints = wc.joints_by_iters(cond, iters)
+    onehot = np.eye(true_marg.shape[1])[joints[0].sum(axis=2).argmax(axis=1)]
+    return {"scores": {**{str(k): marginal_scores(j.sum(axis=2), true_marg) for k, j in enumerate(joints)},
+                       "truth": marginal_scores(true_marg, true_marg), "ntp_argmax_onehot": marginal_scores(onehot, true_marg)},
+            "acceptance": acceptance_by_eta(cond), "precondition": precondition(cond, truth.joint)}
