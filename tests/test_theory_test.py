@@ -179,3 +179,16 @@ def test_evaluate_arms_on_tiny_models_writes_every_field():
                 "precondition", "shrunk_curve"} <= set(a)
         assert a["observed_sign"] == tt.observed_sign(a["diff_ci95"])
         assert a["scores"]["truth"]["log"] <= a["scores"]["0"]["log"]  # the truth is the best log score
+
+
+def test_markdown_tables_cover_scores_and_losses(truth):
+    rng = np.random.default_rng(1)
+    cross = {"noise_model": 1.4, "shared_noise": 1.05, "theorem1": 0.35}
+    res = _fake_result(rng, 50, 0.01, 2.0)
+    model = wc.noisy_conditionals(truth.cond, 0.1, 0.2, seed=0)
+    a = tt.arm_entry(0.3, 0, res, 1.4, truth)
+    a.update(tt.scores_entry(model, truth), losses={"eval_ntp_loss": 2.55, "eval_ptp_loss_1": 2.56})
+    tables = tt.markdown_tables(tt.summarise(cross, [a], {0.3: [res["tv"]]}))
+    headers = [h[0] for h, _ in tables]
+    assert headers == ["q", "q", "crossover", "q", "q"]
+    assert tables[-1][1][0][-1] == "0.0100"  # PTP-1 - NTP

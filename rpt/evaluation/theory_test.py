@@ -277,7 +277,39 @@ def markdown_tables(summary: dict) -> list[tuple[list[str], list[list]]]:
     return [(["q", "seed", "r", "TV0", "TV1", "TV1-TV0 95% CI (contexts)", "TV1/TV0", "own shrunk-curve r*",
               "predicted sign", "observed sign"], rows),
             (["q", "mean r", "TV0", "TV1", "TV1-TV0", "95% CI (contexts x seeds)", "per seed", "observed sign"], pooled),
-            (["crossover", "r*"], [[k, f(v)] for k, v in summary["crossover"].items()])]
+            (["crossover", "r*"], [[k, f(v)] for k, v in summary["crossover"].items()])] + _loss_table(summary)
+
+
+def _score_table(summary: dict) -> list:
+    """Exact expected scores of p_k (k = 0, 1) at the true x_i, acceptance per eta, the precondition."""
+    arms = [a for a in summary["arms"] if "scores" in a]
+    if not arms:
+        return []
+    f = lambda x: f"{x:.4f}"  # noqa: E731
+    rows = []
+    for a in arms:
+        sc, pc = a["scores"], a["precondition"]
+        rows.append(["NTP arm" if a["q"] is None else a["q"], a["seed"],
+                     *(f"{f(sc['0'][m])} -> {f(sc['1'][m])}" for m in ("table2", "log", "brier")),
+                     f"{f(sc['ntp_argmax_onehot']['table2'])} / {f(sc['truth']['table2'])}",
+                     " / ".join(f"{a['acceptance'][e]['greedy']:.3f}" for e in a["acceptance"]),
+                     f"{f(pc['ptp_head'])} vs {f(pc['ntp_implied'])} (truth {f(pc['truth'])})"])
+    return [(["q", "seed", "Table 2's 1-p, k 0 -> 1", "log score, k 0 -> 1", "Brier, k 0 -> 1",
+              "1-p of argmax one-hot / of the truth", "greedy acceptance, eta 0/0.5/0.7/0.9",
+              "PTP loss: head vs NTP-implied P*"], rows)]
+
+
+def _loss_table(summary: dict) -> list:
+    """Validation losses per model (train.py's last evaluation), when the sweep recorded them."""
+    arms = [a for a in summary["arms"] if a.get("losses")]
+    if not arms:
+        return []
+    f = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
+    return _score_table(summary) + [(["q", "seed", "val NTP loss", "val PTP-1 loss", "PTP-1 - NTP"],
+             [["NTP arm" if a["q"] is None else a["q"], a["seed"], f(a["losses"].get("eval_ntp_loss")),
+               f(a["losses"].get("eval_ptp_loss_1")),
+               f(a["losses"]["eval_ptp_loss_1"] - a["losses"]["eval_ntp_loss"]) if a["losses"].get("eval_ptp_loss_1") else ""]
+              for a in arms])]
 
 
 # ---- proper scores and the precondition on the controlled source (exact: the truth is known) ----------
