@@ -181,6 +181,12 @@ def sweep_jobs(work: Path, files: ctl.SourceFiles, qs: list[float], seeds: list[
             for s in seeds for q, extra in arms]  # seed-major: a cut-short sweep still has every arm once
 
 
+def _config_steps(config: str) -> int:
+    import yaml
+
+    return int(yaml.safe_load((ROOT / config).read_text())["max_steps"])
+
+
 def run_sweep(args) -> dict:
     """Train (cached per run) and evaluate the sweep; returns the ``theory_test`` summary."""
     from rpt.evaluation import theory_test as tt
@@ -197,7 +203,7 @@ def run_sweep(args) -> dict:
     for (_q, _s, job), arm in zip(jobs, summary["arms"]):
         arm["losses"] = _losses(job.run_dir)
     summary["design"] = {**design.to_dict(), "sweep_config": SWEEP_CONFIG, "qs": list(args.qs), "seeds": list(args.seeds),
-                         "steps": args.sweep_steps or 1400, "ntp_arm": not args.no_ntp_arm}
+                         "steps": args.sweep_steps or _config_steps(SWEEP_CONFIG), "ntp_arm": not args.no_ntp_arm}
     return summary
 
 

@@ -126,6 +126,7 @@ def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
         assert "max_steps=50" in job.overrides
         assert ("objective=ntp" in job.overrides) == (q is None) and (f"q={q}" in job.overrides) == (q is not None)
     assert len({j.run_dir for *_, j in jobs}) == 6
+    assert script._config_steps(script.SWEEP_CONFIG) == 1400  # the pre-registered budget
 
 
 def test_table2_metric_is_improper_and_log_brier_are_proper():
