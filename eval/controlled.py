@@ -3,6 +3,13 @@
     python eval/controlled.py --out runs/controlled/controlled.json [--seeds 0 1]
     python eval/controlled.py --source runs/controlled/source --checkpoints A/final B/final --out F.json
 
+    python eval/controlled.py --sweep [--qs 0.05 0.1 0.3 0.6 1.0] [--seeds 0 1] [--out docs/theory_test.json]
+
+The sweep (issue 20, docs/theory_test_preregistration.md) trains from scratch with the RPT
+objective (``configs/controlled_sweep.yaml``), one arm per q plus a pure-NTP arm, per seed, under
+``--work``; it writes the crossovers, per-model r / TV_0 / TV_1 / signs, pooled intervals, Spearman
+and the practical test to ``--out`` (.md/.png beside it).
+
 The first form does everything, each step cached under the directory of ``--out``: writes the source
 (a fixed hidden Markov model over 16 symbols, its samples as JSONL, a one-symbol-per-token
 tokenizer), trains per seed with ``train.py`` (``configs/controlled_pretrain.yaml``: NTP, then
@@ -43,6 +50,9 @@ from rpt.evaluation.report import save_figure, sibling, write_json, write_markdo
 DEFAULT_OUT = "runs/controlled/controlled.json"
 PRETRAIN_CONFIG = "configs/controlled_pretrain.yaml"
 FINETUNE_CONFIG = "configs/controlled_finetune.yaml"
+SWEEP_CONFIG = "configs/controlled_sweep.yaml"
+SWEEP_QS = (0.05, 0.1, 0.3, 0.6, 1.0)
+SWEEP_OUT = "docs/theory_test.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="draw these earlier results' measured points on the plot too")
     parser.add_argument("--parallel", type=int, default=2, help="training runs side by side (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the evaluation")
+    parser.add_argument("--sweep", action="store_true", help="the theory-test sweep (issue 20) instead")
+    parser.add_argument("--qs", type=float, nargs="+", default=list(SWEEP_QS), help="sweep arms (q of the RPT objective)")
+    parser.add_argument("--no-ntp-arm", action="store_true", help="sweep without the pure-NTP arm")
+    parser.add_argument("--sweep-steps", type=int, default=None, help="override the sweep config's max_steps")
+    parser.add_argument("--work", default="runs/controlled", help="the sweep's source and runs (default %(default)s)")
     return parser
 
 
@@ -155,6 +170,55 @@ def train_seeds(work: Path, files: ctl.SourceFiles, seeds: list[int], pretrain_s
     return [(s, rpt[s].final, rpt[s].run_dir) for s in seeds]
 
 
+def sweep_jobs(work: Path, files: ctl.SourceFiles, qs: list[float], seeds: list[int], steps: int | None,
+               ntp_arm: bool) -> list[tuple[float | None, int, TrainJob]]:
+    """One from-scratch run per (arm, seed); the pure-NTP arm is q = None (objective ntp)."""
+    base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
+            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps else [])]
+    arms = [(q, [f"q={q}"]) for q in qs] + ([(None, ["objective=ntp"])] if ntp_arm else [])
+    return [(q, s, TrainJob(SWEEP_CONFIG, work / f"sweep_{'ntp' if q is None else f'q{q}'}_s{s}",
+                            [*base, *extra, f"seed={s}"]))
+            for s in seeds for q, extra in arms]  # seed-major: a cut-short sweep still has every arm once
+
+
+def _config_steps(config: str) -> int:
+    import yaml
+
+    return int(yaml.safe_load((ROOT / config).read_text())["max_steps"])
+
+
+def run_sweep(args) -> dict:
+    """Train (cached per run) and evaluate the sweep; returns the ``theory_test`` summary."""
+    from rpt.evaluation import theory_test as tt
+
+    design = ctl.Design(contexts=args.contexts)
+    work = Path(args.work).resolve()
+    files = prepare_source(work, design)
+    hmm = hmm_lib.HMM.from_dict(json.loads(Path(files.hmm).read_text())["hmm"])
+    truth = ctl.truth_for(hmm, design)
+    cross = tt.crossovers(truth, design.theory_eps_n, seed=design.eval_seed)  # the truth alone
+    jobs = sweep_jobs(work, files, args.qs, args.seeds, args.sweep_steps, not args.no_ntp_arm)
+    run_jobs([j for *_, j in jobs], max(1, args.parallel))
+    summary = tt.evaluate_arms(design, truth, [(q, s, j.final) for q, s, j in jobs], cross)
+    for (_q, _s, job), arm in zip(jobs, summary["arms"]):
+        arm["losses"] = _losses(job.run_dir)
+    summary["design"] = {**design.to_dict(), "sweep_config": SWEEP_CONFIG, "qs": list(args.qs), "seeds": list(args.seeds),
+                         "steps": args.sweep_steps or _config_steps(SWEEP_CONFIG), "ntp_arm": not args.no_ntp_arm}
+    return summary
+
+
+def write_sweep(out: str, summary: dict) -> list[Path]:
+    from rpt.evaluation import theory_test as tt
+
+    c = summary["confirms"]
+    notes = (f"Pre-registered in docs/theory_test_preregistration.md. Spearman(r, TV1/TV0) = {summary['spearman']}; "
+             f"signs agree {c['signs_agree']}/{c['signs_decided']} decided models; confirmed: {c['confirmed']}, "
+             f"refuted: {c['refuted']}; practical: {summary.get('practical')}.")
+    return [write_json(out, summary),
+            write_markdown(sibling(out, ".md"), "Theory test: Sec. 3's crossover as a prediction", tt.markdown_tables(summary), notes),
+            save_figure(tt.plot(summary), sibling(out, ".png"))]
+
+
 def evaluate(design: ctl.Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Path | None]]) -> dict:
     from rpt.model import RPTForCausalLM
 
@@ -225,6 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.sweep:
+        t0 = time.perf_counter()
+        summary = run_sweep(args)
+        summary["seconds"] = time.perf_counter() - t0
+        out = SWEEP_OUT if args.out == DEFAULT_OUT else args.out
+        paths = write_sweep(out, summary)
+        print(Path(paths[1]).read_text(encoding="utf-8"))
+        print("wrote " + ", ".join(str(p) for p in paths))
+        return 0
     others = []
     for item in args.compare:
         label, _, path = item.rpartition("=")

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--confidence", type=float, default=0.0,
                         help="keep x_i unless the PTP proposal's probability exceeds this (the sampler's eta; "
                              "the paper uses 0.9 with --ptp greedy; default %(default)s)")
+    parser.add_argument("--precondition", type=int, default=0, metavar="N",
+                        help="also compare the PTP head's loss with the NTP-implied P*'s on N positions (exact: "
+                             "V NTP queries each; default %(default)s = skip)")
     parser.add_argument("--batch-size", type=int, default=16, help="positions per forward")
     parser.add_argument("--seed", type=int, default=0, help="position sampling seed")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -81,6 +84,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalInputError(f"--confidence {args.confidence}: use a probability in [0, 1] (the paper's eta is 0.9)")
     if args.min_context < 1 or args.context_len < args.min_context:
         raise EvalInputError("need 1 <= --min-context <= --context-len")
+    if args.precondition < 0:
+        raise EvalInputError("--precondition N: use N >= 0 positions")
     if args.limit < 0 or args.iters < 1 or args.batch_size < 1 or (not args.exact and args.top_m < 1):
         raise EvalInputError("need --limit >= 0, --iters >= 1, --batch-size >= 1 and --top-m >= 1")
     if not 0.0 < args.val_fraction < 1.0:
@@ -159,18 +164,37 @@ def run(args: argparse.Namespace, model, docs: list[list[int]], positions: list[
     for d, t in positions:
         context = docs[d][max(0, t - args.context_len):t]
         items.append((item_id(settings, context, docs[d][t]), context, docs[d][t]))
-    todo = [it for it in items if it[0] not in store]
+    # Results stored before the proper scores existed lack "sq" / "accept": compute those again.
+    todo = [it for it in items if it[0] not in store or "accept" not in store.get(it[0])]
     pad = model.config.pad_token_id or 0
     with tqdm(total=len(items), initial=len(items) - len(todo), desc="error analysis", unit="pos") as bar:
         for lo in range(0, len(todo), batch_size):
             batch = todo[lo:lo + batch_size]
             res = ea.truth_probabilities(model, [c for _, c, _ in batch], [y for _, _, y in batch], iters=args.iters,
                                          top_m=top_m, pad_id=pad, rule=rule)
-            for (key, _, _), p, err, cov in zip(batch, res.probs.tolist(), res.bound.tolist(), res.coverage.tolist()):
-                store.add(key, {"p": p, "bound": err, "coverage": cov})
+            for (key, _, _), p, err, cov, sq, acc in zip(batch, res.probs.tolist(), res.bound.tolist(),
+                                                         res.coverage.tolist(), res.sq.tolist(), res.accept.tolist()):
+                store.add(key, {"p": p, "bound": err, "coverage": cov, "sq": sq, "accept": acc})
             bar.update(len(batch))
     records = [store.get(key) for key, _, _ in items]
-    return {f: np.array([r[f] for r in records]) for f in ("p", "bound", "coverage")}, len(todo)
+    return {f: np.array([r[f] for r in records]) for f in ("p", "bound", "coverage", "sq", "accept")}, len(todo)
+
+
+def precondition(args: argparse.Namespace, model, docs: list[list[int]], positions: list[tuple[int, int]]) -> dict:
+    """The PTP head's loss against the NTP-implied P*'s on the first ``--precondition`` positions
+    that have a next token (exact; mean and paired 95% interval of the difference)."""
+    chosen = [(d, t) for d, t in positions if t + 1 < len(docs[d])][:args.precondition]
+    pad = model.config.pad_token_id or 0
+    losses = []
+    for lo in range(0, len(chosen), 4):  # V NTP queries per position: small batches
+        part = chosen[lo:lo + 4]
+        losses.append(ea.ptp_vs_implied(model, [docs[d][max(0, t - args.context_len):t] for d, t in part],
+                                        [docs[d][t] for d, t in part], [docs[d][t + 1] for d, t in part], pad_id=pad))
+    loss = torch.cat(losses).numpy()
+    return {"n_positions": len(loss), "ptp_head_loss": float(loss[:, 0].mean()), "ntp_implied_loss": float(loss[:, 1].mean()),
+            "difference": float((loss[:, 0] - loss[:, 1]).mean()),
+            "difference_ci": list(ea.bootstrap_ci(loss[:, 0] - loss[:, 1], seed=args.seed)),
+            "head_beats_implied": bool(loss[:, 0].mean() < loss[:, 1].mean())}
 
 
 def ptp_rule(args: argparse.Namespace) -> ea.PTPRule:
@@ -186,6 +210,9 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
 
     rows = [[k, summary["tv_by_iters"][k], ci(summary["tv_ci_by_iters"][k]), summary["tv_sem_by_iters"][k]]
             + ([bounds[k]] if bounds else []) for k in summary["tv_by_iters"]]
+    proper = (["k", "log score -log p_k(x_i)", "95% CI", "Brier score", "95% CI"],
+              [[k, summary["log_score_by_iters"][k], ci(summary["log_score_ci_by_iters"][k]),
+                summary["brier_by_iters"][k], ci(summary["brier_ci_by_iters"][k])] for k in summary.get("brier_by_iters", {})])
     facts = [("n_positions", summary["n_positions"]), ("estimator", summary["estimator_label"]),
              ("PTP step", summary["ptp"]["label"])]
     if "tv_change_1_0" in summary:
@@ -198,6 +225,12 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
                                                             f"possibly {summary['frac_improved_possible']:.4f}"))
         facts.append(("verdict", summary["tv_change_1_0_verdict"]))
     facts += [(f"coverage {k}", v) for k, v in summary.get("coverage", {}).items()]
+    facts += [(f"acceptance rate of the first PTP step, eta = {eta}", v) for eta, v in summary.get("acceptance_by_eta", {}).items()]
+    if "precondition" in summary:
+        pc = summary["precondition"]
+        facts.append(("precondition: PTP head vs NTP-implied P* loss (nats)",
+                      f"{pc['ptp_head_loss']:.4f} vs {pc['ntp_implied_loss']:.4f}, difference {pc['difference']:+.4f}, "
+                      f"95% CI {ci(pc['difference_ci'])} ({pc['n_positions']} positions, exact)"))
     notes = (f"Checkpoint `{summary['checkpoint']}`, data `{summary['data']}`, contexts of "
              f"{summary['min_context']}..{summary['context_len']} tokens, seed {summary['seed']}. "
              f"eps_k = 1 - p_k(x_i | x_<i) after k RPT iterations (w = 2, {summary['ptp']['label']}); k = 0 is NTP. Intervals: 95% percentile "
@@ -206,7 +239,7 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     title = "RPT error analysis (paper Table 2, Fig. 6)"
     return [
         write_json(out, summary),
-        write_markdown(sibling(out, ".md"), title, [(headers, rows), (["", "value"], facts)], notes),
+        write_markdown(sibling(out, ".md"), title, [(headers, rows), proper, (["", "value"], facts)], notes),
         save_figure(ea.plot_histogram(summary, f"RPT (k = 1, {summary['ptp']['label']}) minus NTP, "
                                                f"{summary['estimator_label']}"),
                     sibling(out, ".png")),
@@ -243,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         "estimator_label": label, "window": 2, "iters": args.iters, "min_context": args.min_context,
         "ptp": {"greedy": args.ptp == "greedy", "confidence": args.confidence, "label": ptp_rule(args).label},
         "context_len": args.context_len, "seed": args.seed, "limit": args.limit,
-        **(ea.summarise(arrays["p"], seed=args.seed) if args.exact else
-           ea.summarise(arrays["p"], arrays["bound"], arrays["coverage"], seed=args.seed)),
+        **(ea.summarise(arrays["p"], seed=args.seed, sq=arrays["sq"], accept=arrays["accept"]) if args.exact else
+           ea.summarise(arrays["p"], arrays["bound"], arrays["coverage"], seed=args.seed, sq=arrays["sq"],
+                        accept=arrays["accept"])),
     }
+    if args.precondition:
+        summary["precondition"] = precondition(args, model, docs, positions)
     paths = write_outputs(args.out, summary)
     print(paths[1].read_text(encoding="utf-8"))
     print(f"computed {computed} positions in {elapsed:.1f} s ({computed / max(elapsed, 1e-9):.1f} positions/s), "

@@ -17,7 +17,10 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 8. ``controlled`` -- the controlled experiment (``eval/controlled.py``, docs/controlled_experiment.md):
    a small model trained here on a hidden Markov model whose joints are known exactly; total
    variation of its NTP (k = 0) and RPT (k = 1, 2) sampling laws to the truth, with intervals.
-9. ``report``   -- ``report.json`` and ``report.md`` with the tables and plots.
+9. ``theory_test`` -- a subset of the theory-test sweep (docs/theory_test_preregistration.md):
+   q in {0.1, 0.3, 1.0} and a pure-NTP arm, one seed, ``--theory-steps`` steps from scratch;
+   crossovers from the truth, each model's eps_p / eps_n, TV_0, TV_1, predicted and observed sign.
+10. ``report``  -- ``report.json`` and ``report.md`` with the tables and plots.
 
 Every number in the report is read from the files the stages wrote; nothing is made up.
 """
@@ -227,6 +230,28 @@ def controlled_summary(ce: dict) -> dict:
     }
 
 
+PROPER_KEYS = ("log_score_by_iters", "log_score_ci_by_iters", "brier_by_iters", "brier_ci_by_iters",
+               "acceptance_by_eta", "precondition")
+
+
+def proper_scores(ea: dict) -> dict:
+    """Beside Table 2's improper 1 - p: the log and Brier scores by k, the acceptance rate of the
+    first PTP step per eta, and (when run) the PTP head against the NTP-implied P*."""
+    return {k: ea[k] for k in PROPER_KEYS if k in ea}
+
+
+THEORY_ARM_KEYS = ("q", "seed", "ratio", "tv", "diff_ci95", "predicted_sign", "observed_sign", "tv1_over_tv0",
+                   "shrunk_crossover", "scores", "acceptance", "precondition")
+
+
+def theory_summary(tt: dict) -> dict:
+    """The report's ``theory_test``: the sweep summary without its curves (they are in the plot)."""
+    return {"crossover": tt["crossover"], "arms": [{k: a[k] for k in THEORY_ARM_KEYS if k in a} for a in tt["arms"]],
+            "spearman": tt["spearman"], "ntp_arm_tv0": tt.get("ntp_arm_tv0"), "practical": tt.get("practical"),
+            "confirms": tt.get("confirms"), "steps": tt.get("design", {}).get("steps"),
+            "design": "docs/theory_test_preregistration.md"}
+
+
 def build_report(out: Path, stages: Stages, args) -> dict:
     r = stages.results
     rpt_eval, arf_eval = r["rpt"]["last_eval"], r["ar_f"]["last_eval"]
@@ -254,6 +279,9 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "repetition_settings": rep["settings"],
         "humaneval_pass@1": {name: res["pass@1"] for name, res in r["humaneval"].items()},
         "humaneval_problems": args.humaneval_limit,
+        "error_analysis_proper_scores": proper_scores(ea),
+        **({"sampled_ptp_proper_scores": proper_scores(r["error_analysis_sampled"])} if "error_analysis_sampled" in r else {}),
+        **({"theory_test": theory_summary(r["theory_test"])} if "theory_test" in r else {}),
         "controlled_experiment": controlled_summary(r["controlled"]),
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
@@ -305,6 +333,8 @@ def render_markdown(rep: dict, out: Path) -> str:
         "![repetition](repetition.png)", "",
         f"## HumanEval, first {rep['humaneval_problems']} problems, greedy (a model this small scores ~0; shown as measured)", "",
         markdown_table(["sampler", "pass@1"], [[k, f(v)] for k, v in rep["humaneval_pass@1"].items()]),
+        *_proper_markdown(rep),
+        *(_theory_markdown(rep["theory_test"]) if "theory_test" in rep else []),
         *_controlled_markdown(rep["controlled_experiment"]),
         *(_controlled_markdown(rep["controlled_followup"], "the follow-up with a 10x PTP budget", "followup")
           if "controlled_followup" in rep else []),
@@ -312,6 +342,48 @@ def render_markdown(rep: dict, out: Path) -> str:
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _proper_markdown(rep: dict) -> list[str]:
+    """Log / Brier scores by k and acceptance per eta for each error analysis that has them."""
+    f = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
+    rows, acc, pre = [], [], []
+    for label, key in ((rep.get("error_analysis_ptp") or "headline", "error_analysis_proper_scores"),
+                       ("sampled PTP", "sampled_ptp_proper_scores")):
+        ps = rep.get(key) or {}
+        if "brier_by_iters" in ps:
+            rows += [[label, "log score", *map(f, ps["log_score_by_iters"].values())],
+                     [label, "Brier score", *map(f, ps["brier_by_iters"].values())]]
+        if "acceptance_by_eta" in ps:
+            acc.append([label, *map(f, ps["acceptance_by_eta"].values())])
+        if "precondition" in ps:
+            pc = ps["precondition"]
+            pre.append(f"Precondition ({pc['n_positions']} positions, exact): PTP head loss {pc['ptp_head_loss']:.4f} vs "
+                       f"the NTP-implied P* {pc['ntp_implied_loss']:.4f} nats (difference {pc['difference']:+.4f}, 95% CI "
+                       f"[{pc['difference_ci'][0]:+.4f}, {pc['difference_ci'][1]:+.4f}]).")
+    if not rows:
+        return []
+    etas = list((rep.get("error_analysis_proper_scores") or {}).get("acceptance_by_eta", {}))
+    ks = list(rep["tv_by_iters"])
+    return ["## Proper scores beside Table 2 (1 - p rewards the mode; log and Brier do not), lower is better", "",
+            markdown_table(["PTP step", "score", *(f"k = {k}" for k in ks)], rows),
+            *([markdown_table(["PTP step", *(f"accepted, eta = {e}" for e in etas)], acc)] if acc else []),
+            *[line + "\n" for line in pre]]
+
+
+def _theory_markdown(tt: dict) -> list[str]:
+    f = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
+    rows = [["NTP arm" if a["q"] is None else a["q"], a["seed"], f(a["ratio"]), f(a["tv"]["0"]), f(a["tv"]["1"]),
+             f"[{a['diff_ci95'][0]:+.4f}, {a['diff_ci95'][1]:+.4f}]", a["predicted_sign"], a["observed_sign"]]
+            for a in tt["arms"]]
+    c = tt["crossover"]
+    return [f"## Theory test (subset of the pre-registered sweep, {tt['design']}; {tt.get('steps')} steps)", "",
+            f"Crossovers from the truth alone (eps_p / eps_n, measured units): noise model {f(c['noise_model'])}, "
+            f"shared noise {f(c['shared_noise'])}, Theorem 1 (max-norm) {f(c['theorem1'])}. Predicted sign: -1 "
+            f"(RPT closer) below the noise model's r*.", "",
+            markdown_table(["q", "seed", "eps_p/eps_n", "TV0", "TV1", "TV1-TV0 95% CI", "predicted", "observed"], rows),
+            f"Spearman(r, TV1/TV0): {tt['spearman']}; pure-NTP arm TV0: {f(tt.get('ntp_arm_tv0'))}; "
+            f"practical: {tt.get('practical')}.", "", "![theory test](theory_test/theory_test.png)", ""]
 
 
 def _controlled_markdown(ce: dict, what: str = "a source with a known truth", name: str = "controlled") -> list[str]:
@@ -353,7 +425,7 @@ def _evaluations_in_front(out: Path, stages: Stages, args, rpt_ckpt: str) -> Non
     stages("error_analysis", lambda: _eval("error_analysis.py", out / "error_analysis.json", *common_ea,
                                            "--ptp", "greedy", "--confidence", "0.9"))
     stages("error_analysis_sampled", lambda: _eval("error_analysis.py", out / "error_analysis_sampled.json", *common_ea,
-                                                   "--ptp", "sampled"))
+                                                   "--ptp", "sampled", "--precondition", str(args.precondition_positions)))
 
     def humaneval() -> dict:
         common_he = ["--checkpoint", rpt_ckpt, "--limit", str(args.humaneval_limit), "--max-new-tokens", "128"]
@@ -362,6 +434,19 @@ def _evaluations_in_front(out: Path, stages: Stages, args, rpt_ckpt: str) -> Non
         return {"ntp": {"pass@1": ntp["pass@1"]}, "rpt_k1_lz": {"pass@1": rpt["pass@1"]}}
 
     stages("humaneval", humaneval)
+
+
+THEORY_QS = ("0.1", "0.3", "1.0")
+
+
+def _start_theory_test(out: Path, stages: Stages, args):
+    """The theory-test subset in the background (one thread, runs after one another), beside the
+    fine-tunes; its own source directory, so it never races the controlled stage's."""
+    tt_json = out / "theory_test" / "theory_test.json"
+    cmd = [sys.executable, "eval/controlled.py", "--sweep", "--parallel", "1", "--qs", *THEORY_QS, "--seeds", "0",
+           "--sweep-steps", str(args.theory_steps), "--work", str(out / "theory_test"), "--out", str(tt_json)]
+    tt_json.parent.mkdir(parents=True, exist_ok=True)
+    return stages.start("theory_test", cmd, tt_json.with_suffix(".log"), lambda: json.loads(tt_json.read_text()), threads=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
     ap.add_argument("--humaneval-limit", type=int, default=8)
+    ap.add_argument("--precondition-positions", type=int, default=100,
+                    help="positions of the exact PTP-head vs NTP-implied comparison (V NTP queries each)")
+    ap.add_argument("--theory-steps", type=int, default=600, help="training steps per theory-test arm")
     ap.add_argument("--controlled-followup", action="store_true",
                     help="also run the controlled experiment's follow-up (docs/controlled_experiment.md)")
     args = ap.parse_args(argv)
@@ -389,10 +477,12 @@ def main(argv: list[str] | None = None) -> int:
                                              "--out", str(controlled_json)],
                               controlled_json.with_suffix(".log"), lambda: json.loads(controlled_json.read_text()),
                               threads=1)
+    theory = None  # started after AR-C, beside the fine-tunes
     try:
         stages("corpus", lambda: _corpus(out))
         ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps,
                                              f"eval_every={args.pretrain_steps}", threads=1))
+        theory = _start_theory_test(out, stages, args)
         common = (f"init_from={ar_c['final']}", "tokenizer=null", f"eval_every={args.finetune_steps}")
         fine_tunes = {
             "ar_f": _train_cmd(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
@@ -403,9 +493,11 @@ def main(argv: list[str] | None = None) -> int:
                                for name, cmd in fine_tunes.items()})
         _evaluations(out, stages, args, stages.results["rpt"]["final"])
         stages.finish("controlled", controlled)
+        stages.finish("theory_test", theory)
     finally:
-        if controlled is not None:
-            controlled.stop()  # a no-op once it finished; ends it if another stage failed
+        for pending in (controlled, theory):
+            if pending is not None:
+                pending.stop()  # a no-op once it finished; ends it if another stage failed
     if args.controlled_followup:  # the pre-registered follow-up (10x PTP budget); ~2 more minutes
         stages("controlled_followup", lambda: _eval(
             "controlled.py", out / "controlled" / "followup.json",

@@ -122,3 +122,39 @@ def test_background_stage_stops_with_its_children(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the background stage's child survived stop()")
+
+
+def test_report_carries_the_theory_test_and_the_proper_scores(tmp_path):
+    stages = fake_stages(tmp_path)
+    arm = lambda q, r, tv0, tv1, ci, pred, obs: {"q": q, "seed": 0, "ratio": r, "tv": {"0": tv0, "1": tv1},  # noqa: E731
+                                                 "diff_ci95": ci, "predicted_sign": pred, "observed_sign": obs,
+                                                 "tv1_over_tv0": tv1 / tv0, "shrunk_curve": [{"t": 0.0}]}
+    stages.results["theory_test"] = {
+        "crossover": {"noise_model": 1.43, "shared_noise": 1.05, "theorem1": 0.35},
+        "arms": [arm(0.1, 2.0, 0.04, 0.06, [0.01, 0.03], 1, 1), arm(0.3, 1.2, 0.04, 0.0401, [-0.001, 0.0012], -1, 0),
+                 arm(1.0, 0.7, 0.05, 0.045, [-0.006, -0.004], -1, -1), arm(None, 3.0, 0.039, 0.08, [0.03, 0.05], 1, 1)],
+        "spearman": 1.0, "ntp_arm_tv0": 0.039, "practical": {"rpt_beats_ntp_arm": False}, "curves": {"x": []},
+        "design": {"steps": 600}}
+    scores = {"log_score_by_iters": {"0": 3.1, "1": 3.2}, "brier_by_iters": {"0": 0.71, "1": 0.72},
+              "log_score_ci_by_iters": {"0": [3.0, 3.2], "1": [3.1, 3.3]},
+              "brier_ci_by_iters": {"0": [0.7, 0.72], "1": [0.71, 0.73]},
+              "acceptance_by_eta": {"0.0": 1.0, "0.5": 0.4, "0.7": 0.2, "0.9": 0.05}}
+    stages.results["error_analysis"].update(scores)
+    stages.results["error_analysis_sampled"].update(scores, precondition={
+        "n_positions": 100, "ptp_head_loss": 3.0, "ntp_implied_loss": 2.9, "difference": 0.1, "difference_ci": [0.05, 0.15],
+        "head_beats_implied": False})
+    demo.build_report(tmp_path, stages, argparse.Namespace(humaneval_limit=8))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    tt = saved["theory_test"]
+    assert len(tt["arms"]) >= 3 and tt["crossover"]["noise_model"] == 1.43 and tt["ntp_arm_tv0"] == 0.039
+    assert "curves" not in tt and all("shrunk_curve" not in a for a in tt["arms"])  # curves stay in the plot
+    for a in tt["arms"]:
+        lo, hi = a["diff_ci95"]
+        assert a["observed_sign"] == (0 if lo <= 0 <= hi else (1 if lo > 0 else -1))
+        assert {"q", "seed", "ratio", "tv", "diff_ci95", "predicted_sign", "observed_sign"} <= set(a)
+    ps = saved["error_analysis_proper_scores"]
+    assert ps["acceptance_by_eta"]["0.9"] == 0.05 and ps["brier_by_iters"]["1"] == 0.72
+    assert saved["sampled_ptp_proper_scores"]["precondition"]["ntp_implied_loss"] == 2.9
+    md = (tmp_path / "report.md").read_text()
+    assert "Theory test" in md and "| NTP arm |" in md and "Brier score" in md and "accepted, eta = 0.9" in md
+    assert "NTP-implied P* 2.9000" in md

@@ -404,3 +404,76 @@ def test_script_bad_input_is_one_error_line(checkpoint, tmp_path, capsys, bad):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert not (tmp_path / "o.json").exists()
+
+
+# ---- proper scores, acceptance and the precondition (issue 20) ---------------------------------------
+@torch.no_grad()
+def _naive_tables(model, context):
+    vocab = model.config.vocab_size
+    c = len(context)
+
+    def last(tokens, **kw):
+        return torch.softmax(model(torch.tensor([tokens]), **kw).logits[0, -1].double(), dim=-1)
+
+    ptp = {"position_ids": torch.tensor([list(range(c)) + [c + 1]]), "offset_ids": torch.tensor([[0] * c + [1]]),
+           "use_cache": False}
+    return (last(context), torch.stack([last(context + [a]) for a in range(vocab)]),
+            torch.stack([last(context + [b], **ptp) for b in range(vocab)]))
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_brier_and_acceptance_against_naive_calls(model, positions, greedy):
+    contexts, truths = positions[0][:2], positions[1][:2]
+    rule = ea.PTPRule(greedy=greedy)
+    got = ea.truth_probabilities(model, contexts, truths, iters=2, rule=rule)
+    full = ea.truth_probabilities(model, contexts, truths, iters=2, top_m=VOCAB, rule=rule)
+    for j, c in enumerate(contexts):
+        p0, n, p = _naive_tables(model, c)
+        m0 = p0 @ n
+        marg = [p0, (m0 @ p) if not greedy else None]
+        if not greedy:
+            assert float(got.sq[j, 1]) == pytest.approx(float((marg[1] ** 2).sum()), rel=1e-4)
+        assert float(got.sq[j, 0]) == pytest.approx(float((p0 ** 2).sum()), rel=1e-4)
+        for e, eta in enumerate(ea.ETAS):  # a loop over x_{i+1}: accepted moves of the PTP step
+            want = sum(float(m0[b]) * (float(p[b].max() > eta) if greedy else float(p[b][p[b] > eta].sum()))
+                       for b in range(VOCAB))
+            assert float(got.accept[j, e]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+    torch.testing.assert_close(full.sq, got.sq, rtol=1e-5, atol=1e-7)  # top-m at m = V: the same numbers
+    torch.testing.assert_close(full.accept, got.accept, rtol=1e-5, atol=1e-7)
+
+
+def test_proper_scores_summary_by_hand():
+    probs = np.array([[0.5, 0.25], [1.0, 0.5]])
+    sq = np.array([[0.5, 0.25], [1.0, 0.5]])
+    s = ea.proper_scores(probs, sq, np.array([[1.0, 0.5, 0.2, 0.0], [1.0, 0.7, 0.4, 0.2]]))
+    assert s["log_score_by_iters"]["0"] == pytest.approx(np.log(2) / 2)
+    assert s["brier_by_iters"]["0"] == pytest.approx(((0.5 - 1.0 + 1.0) + (1.0 - 2.0 + 1.0)) / 2)
+    assert s["acceptance_by_eta"] == pytest.approx({"0.0": 1.0, "0.5": 0.6, "0.7": 0.3, "0.9": 0.1})
+
+
+def test_ptp_vs_implied_against_naive_calls(model, positions):
+    contexts = positions[0][:2]
+    cur, nxt = [3, 7], [5, 1]
+    got = ea.ptp_vs_implied(model, contexts, cur, nxt)
+    for j, c in enumerate(contexts):
+        p0, n, p = _naive_tables(model, c)
+        joint = p0 * n[:, nxt[j]]
+        assert float(got[j, 1]) == pytest.approx(-np.log(float(joint[cur[j]] / joint.sum())), rel=1e-4)
+        assert float(got[j, 0]) == pytest.approx(-np.log(float(p[nxt[j], cur[j]])), rel=1e-4)
+
+
+def test_script_writes_proper_scores_and_the_precondition(checkpoint, tmp_path):
+    ckpt, text_file = checkpoint
+    script = load_script("eval/error_analysis.py")
+    out = tmp_path / "ea.json"
+    assert script.main(["--checkpoint", str(ckpt), "--text-file", str(text_file), "--limit", "6", "--top-m", "8",
+                        "--ptp", "greedy", "--confidence", "0.5", "--precondition", "3", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert set(s["log_score_by_iters"]) == set(s["brier_by_iters"]) == set(s["tv_by_iters"])
+    assert set(s["acceptance_by_eta"]) == {"0.0", "0.5", "0.7", "0.9"}
+    acc = [s["acceptance_by_eta"][k] for k in ("0.0", "0.5", "0.7", "0.9")]
+    assert acc == sorted(acc, reverse=True)  # a higher threshold accepts less
+    pc = s["precondition"]
+    assert pc["n_positions"] == 3 and pc["difference"] == pytest.approx(pc["ptp_head_loss"] - pc["ntp_implied_loss"])
+    md = out.with_suffix(".md").read_text()
+    assert "Brier score" in md and "NTP-implied" in md

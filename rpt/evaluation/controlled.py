@@ -372,10 +372,11 @@ def stationary_joint(cond: wc.WindowConditionals) -> np.ndarray:
 
 def evaluate_model(model, truth: Truth, design: Design, batch_size: int = 64) -> dict:
     """TV to the truth after ``k = 0..iters`` (``tv[k, context]``), the stationary TV (w = 2),
-    the TV of the ``x_i`` marginal by ``k`` and the Sec. 3 error measures, per context."""
+    the TV of the ``x_i`` marginal by ``k`` and the Sec. 3 error measures, per context; and the
+    model's conditionals themselves (``conditionals``)."""
     cond = model_conditionals(model, truth.contexts, design.window, design.vocab, batch_size=batch_size)
     joints = wc.joints_by_iters(cond, design.iters)
-    out = {"tv": np.stack([wc.tv(j, truth.joint) for j in joints])}
+    out = {"tv": np.stack([wc.tv(j, truth.joint) for j in joints]), "conditionals": cond}
     axes = tuple(range(2, 1 + design.window))
     out["marginal_tv"] = np.stack([wc.tv(j.sum(axis=axes), truth.joint.sum(axis=axes)) for j in joints])
     if design.window == 2:

@@ -86,6 +86,7 @@ from rpt.queries import ModelQueries, Visibility
 
 NTP_ROW, PTP1_ROW = 0, 1
 HISTOGRAM_BINS = 50
+ETAS = (0.0, 0.5, 0.7, 0.9)  # the confidences whose acceptance rate is reported beside Table 2
 
 
 # ---- the chain ---------------------------------------------------------------------------------
@@ -204,6 +205,8 @@ class PositionResult:
     probs: torch.Tensor  # [B, iters + 1] float64
     bound: torch.Tensor  # [B, iters + 1]
     coverage: torch.Tensor  # [B, 2]
+    sq: torch.Tensor | None = None  # [B, iters + 1]: sum_a p_k(a)^2 (the Brier score's other term)
+    accept: torch.Tensor | None = None  # [B, len(ETAS)]: chance the first PTP step moves x_i, per eta
 
 
 def _truncate(dist: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -230,16 +233,22 @@ def truth_probabilities(
         prev_cond = query_tokens(model, enc, support, shift=1, row=PTP1_ROW, chunk=chunk)
         marginals = chain_marginals(p0, next_cond, prev_cond, iters, rule)
         probs = marginals.gather(2, truth[:, :, None].expand(batch, iters + 1, 1)).squeeze(2)
-        return PositionResult(probs, zeros, torch.ones(batch, 2, dtype=p0.dtype, device=p0.device))
+        following = (p0.unsqueeze(-2) @ next_cond).squeeze(-2)  # [B, V]: law of x_{i+1} under NTP
+        return PositionResult(probs, zeros, torch.ones(batch, 2, dtype=p0.dtype, device=p0.device),
+                              marginals.pow(2).sum(dim=-1), acceptance(following, prev_cond, rule.greedy))
 
     m = min(int(top_m), vocab)
     q, probs, bound, masses = p0, [p0.gather(1, truth)], zeros.clone(), []
+    sq, accept = [p0.pow(2).sum(dim=1)], None
     for k in range(iters):
         a_set, q_a, mass_a = _truncate(q, m)
         next_rows = query_tokens(model, enc, a_set, 0, NTP_ROW, chunk)  # [B, m, V]: N(.|a), a in A_k
         following = torch.einsum("ja,jav->jv", q_a, next_rows)
         b_set, m_b, mass_b = _truncate(following, m)
-        moves, keep = rule.kernel(query_tokens(model, enc, b_set, 1, PTP1_ROW, chunk))
+        prev_rows = query_tokens(model, enc, b_set, 1, PTP1_ROW, chunk)
+        moves, keep = rule.kernel(prev_rows)
+        if k == 0:  # the first step's acceptance, over the kept x_{i+1} (renormalised: an estimate)
+            accept = acceptance(m_b, prev_rows, rule.greedy)
         next_in_b = next_rows.gather(2, b_set[:, None, :].expand(-1, m, -1))  # [B, m_a, m_b]: N(b|a)
         if rule.confidence > 0:
             # A rule that can keep x_i: the pairs (a, b) left unexplored keep it too (no
@@ -259,10 +268,36 @@ def truth_probabilities(
             q = q.scatter_add(1, a_set, q_a * stay)
             unexplored = (1.0 - mass_a) + (1.0 - mass_b)
         probs.append(q.gather(1, truth))
+        sq.append(q.pow(2).sum(dim=1))
         bound[:, k + 1] = bound[:, k] + unexplored
         masses.append(torch.stack([mass_a, mass_b], dim=1))
     coverage = torch.stack(masses).mean(dim=0)
-    return PositionResult(torch.cat(probs, dim=1), bound.clamp(0.0, 1.0), coverage)
+    return PositionResult(torch.cat(probs, dim=1), bound.clamp(0.0, 1.0), coverage, torch.stack(sq, dim=1), accept)
+
+
+def acceptance(following: torch.Tensor, prev_rows: torch.Tensor, greedy: bool, etas: Sequence[float] = ETAS) -> torch.Tensor:
+    """``[B, len(etas)]``: the chance the PTP step moves ``x_i`` (its proposal's probability above
+    eta) when ``x_{i+1} ~ following[B, b]``, ``prev_rows[B, b, a] = P(a|b)``."""
+    return torch.stack([(following * PTPRule(greedy, eta).kernel(prev_rows)[0].sum(dim=-1)).sum(dim=-1)
+                        for eta in etas], dim=1)
+
+
+@torch.no_grad()
+def ptp_vs_implied(model, contexts: Sequence[Sequence[int]], current: Sequence[int], following: Sequence[int],
+                   pad_id: int = 0, chunk: int = 512) -> torch.Tensor:
+    """``[B, 2]``: the PTP-1 loss ``-log P(x_i | x_<i, x_{i+1})`` of the PTP head and of the PTP the NTP
+    head implies, ``P*(a | b) ∝ p0(a) N(b | a)``, at the true ``(x_i, x_{i+1})`` -- exact: ``V``
+    NTP queries per position."""
+    enc = encode_contexts(model, contexts, pad_id)
+    batch, vocab = enc.p0.shape
+    a = torch.as_tensor(list(current), dtype=torch.long, device=enc.p0.device)
+    b = torch.as_tensor(list(following), dtype=torch.long, device=enc.p0.device)
+    support = torch.arange(vocab, device=a.device).expand(batch, vocab)
+    n_to_b = query_tokens(model, enc, support, 0, NTP_ROW, chunk).gather(2, b[:, None, None].expand(-1, vocab, 1))[..., 0]
+    joint = enc.p0 * n_to_b  # [B, a]: p0(a) N(b|a) at the true b
+    implied = joint.gather(1, a[:, None])[:, 0] / joint.sum(dim=1)
+    head = query_tokens(model, enc, b[:, None], 1, PTP1_ROW, chunk)[:, 0].gather(1, a[:, None])[:, 0]
+    return -torch.log(torch.stack([head, implied], dim=1).clamp(min=1e-300))
 
 
 # ---- positions -------------------------------------------------------------------------------------
@@ -301,8 +336,27 @@ def bootstrap_ci(values: np.ndarray, statistic=np.mean, samples: int = BOOTSTRAP
     return float(np.quantile(stats, tail)), float(np.quantile(stats, 1.0 - tail))
 
 
+def proper_scores(probs: np.ndarray, sq: np.ndarray | None, accept: np.ndarray | None, seed: int = 0) -> dict:
+    """Beside Table 2's ``1 - p_k(x_i)`` (improper: a one-hot argmax minimises its expectation), the
+    proper log score ``-log p_k(x_i)`` and Brier score ``sum_a p_k(a)^2 - 2 p_k(x_i) + 1`` per k with
+    95% bootstrap intervals, and the mean acceptance rate of the first PTP step per eta."""
+    out: dict = {}
+    if not len(probs):
+        return out
+    log = -np.log(np.clip(probs, 1e-300, None))
+    out["log_score_by_iters"] = {str(k): float(log[:, k].mean()) for k in range(probs.shape[1])}
+    out["log_score_ci_by_iters"] = {str(k): list(bootstrap_ci(log[:, k], seed=seed)) for k in range(probs.shape[1])}
+    if sq is not None:
+        brier = np.asarray(sq, dtype=np.float64) - 2.0 * probs + 1.0
+        out["brier_by_iters"] = {str(k): float(brier[:, k].mean()) for k in range(probs.shape[1])}
+        out["brier_ci_by_iters"] = {str(k): list(bootstrap_ci(brier[:, k], seed=seed)) for k in range(probs.shape[1])}
+    if accept is not None:
+        out["acceptance_by_eta"] = {str(eta): float(v) for eta, v in zip(ETAS, np.asarray(accept).mean(axis=0))}
+    return out
+
+
 def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.ndarray | None = None,
-              seed: int = 0) -> dict:
+              seed: int = 0, sq: np.ndarray | None = None, accept: np.ndarray | None = None) -> dict:
     """Table 2 and Fig. 6 numbers from ``probs[n, k] = p_k(x_i)``, with their error bars.
 
     * ``tv_by_iters[k]``: mean of ``eps_k = 1 - p_k(x_i)``; ``tv_ci_by_iters[k]``: its 95%
@@ -332,6 +386,7 @@ def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.n
         "tv_ci_by_iters": {str(k): list(bootstrap_ci(eps[:, k], seed=seed)) for k in range(probs.shape[1])},
         "bootstrap": {"samples": BOOTSTRAP_SAMPLES, "level": LEVEL, "over": "positions", "seed": seed},
     }
+    summary.update(proper_scores(probs, sq, accept, seed))
     if bound is not None and n:
         bound = np.asarray(bound, dtype=np.float64)
         summary["tv_error_bound_by_iters"] = {str(k): float(v) for k, v in enumerate(bound.mean(axis=0))}
