@@ -34,6 +34,7 @@ from rpt.objective import IGNORE_INDEX
 RPT_CONFIG_NAME = "rpt_config.json"
 RPT_TABLE_NAME = "rpt_offset_embedding.safetensors"
 RPT_FORMAT_VERSION = FORMAT_FOLDED
+TIED_TABLE_KEY = "offset_embedding.tied_absolute"  # the absolute table of a model saved untied from tied
 
 
 @dataclass
@@ -118,13 +119,15 @@ class RPTForCausalLM(nn.Module):
         return cls(model, window)
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str | os.PathLike, window: int | None = None, **hf_kwargs) -> RPTForCausalLM:
+    def from_pretrained(cls, path_or_id: str | os.PathLike, window: int | None = None, retie: bool = True,
+                        **hf_kwargs) -> RPTForCausalLM:
         """Load an RPT checkpoint, or wrap a plain HF causal LM (then ``window`` is required).
 
         ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
         ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
         smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
-        checkpoint (:mod:`rpt.lora`) loads with its adapter merged into the base weights.
+        checkpoint (:mod:`rpt.lora`) loads with its adapter merged into the base weights. A model
+        saved untied because it was tied (:mod:`rpt.faithful`) is tied again unless ``retie=False``.
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
@@ -149,14 +152,16 @@ class RPTForCausalLM(nn.Module):
                     "pass window=W to wrap it with a fresh zero offset table"
                 )
             return cls.from_base(base, window)
-        return cls.attach_table(base, path_or_id, window, **lookup)
+        return cls.attach_table(base, path_or_id, window, retie=retie, **lookup)
 
     @classmethod
     def attach_table(cls, base: PreTrainedModel, path_or_id: str | os.PathLike, window: int | None = None,
-                     **lookup) -> RPTForCausalLM:
+                     retie: bool = False, **lookup) -> RPTForCausalLM:
         """Wrap ``base`` (its weights, no copy) with the offset table of the RPT checkpoint ``path_or_id``.
 
         ``base`` must hold that checkpoint's base weights (``AutoModelForCausalLM.from_pretrained`` of it).
+        With ``retie`` a checkpoint of a tied-embedding model is tied again (``base`` is changed: its
+        input embedding becomes the head's matrix), so the loaded model is the trained one exactly.
         """
         path_or_id = str(path_or_id)
         with open(cached_file(path_or_id, RPT_CONFIG_NAME, **lookup)) as f:
@@ -175,7 +180,15 @@ class RPTForCausalLM(nn.Module):
         # either way embed() computes E + table[o], so both load the same way.
         model = cls(base, trained)
         table_file = cached_file(path_or_id, RPT_TABLE_NAME, **lookup)
-        table = load_file(table_file)["offset_embedding.weight"]
+        tensors = load_file(table_file)
+        table = tensors["offset_embedding.weight"]
+        if retie and TIED_TABLE_KEY in tensors and base.get_output_embeddings() is not None:
+            # Saving untied a tied model (the head kept E, the input got E + table[0]); tie it again
+            # with the absolute table, bit for bit the trained model, so that a fine-tune from it
+            # (init_from) trains one shared matrix as the original did, not two.
+            base.get_input_embeddings().weight = base.get_output_embeddings().weight
+            base.config.tie_word_embeddings = True
+            table = tensors[TIED_TABLE_KEY]
         model.offset_embedding.weight.data.copy_(table.to(model.offset_embedding.weight.dtype))
         return model
 
@@ -207,7 +220,11 @@ class RPTForCausalLM(nn.Module):
         finally:
             if tied:
                 config.tie_word_embeddings = was_tied
-        save_file({"offset_embedding.weight": table.detach().cpu().contiguous()}, os.path.join(path, RPT_TABLE_NAME))
+        tensors = {"offset_embedding.weight": table.detach().cpu().contiguous()}
+        if tied:  # the absolute table too: RPTForCausalLM.from_pretrained ties the model again, exactly
+            absolute = self.offset_embedding.weight if state_dict is None else state_dict["offset_embedding.weight"]
+            tensors[TIED_TABLE_KEY] = absolute.detach().cpu().contiguous()
+        save_file(tensors, os.path.join(path, RPT_TABLE_NAME))
         rows = ["+1"] + [f"-{l}" for l in range(1, self.window)] + [f"+{self.window}"]
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
             json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION,

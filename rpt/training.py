@@ -59,7 +59,8 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
         base = AutoModelForCausalLM.from_config(config, **hf_kwargs)
         model = RPTForCausalLM.from_base(base, cfg.window)
     elif os.path.isfile(os.path.join(str(source), RPT_CONFIG_NAME)):
-        model = RPTForCausalLM.from_pretrained(source, window=cfg.window, **hf_kwargs)
+        # LoRA keeps the base as saved (folded, untied): its adapter's table is stored relative to it
+        model = RPTForCausalLM.from_pretrained(source, window=cfg.window, retie=cfg.lora is None, **hf_kwargs)
         if model.window != cfg.window:
             raise ValueError(
                 f"init_from {source} was trained with window {model.window} but the config asks for window "

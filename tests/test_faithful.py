@@ -59,7 +59,32 @@ def test_plain_transformers_equals_rpt_ntp(tmp_path, arch):
     assert plain.config.tie_word_embeddings is False
     saved = json.loads((tmp_path / RPT_CONFIG_NAME).read_text())
     assert saved["format_version"] == 2 and saved["untied_embeddings"] == tied_before
-    assert loaded.offset_embedding.weight[0].abs().max() == 0  # the table is relative to the folded row
+    if tied_before:  # tied again on load, with the absolute table: the trained model bit for bit
+        assert loaded.lm.get_output_embeddings().weight is loaded.lm.get_input_embeddings().weight
+        assert torch.equal(loaded.offset_embedding.weight, model.offset_embedding.weight)
+        assert torch.equal(loaded.lm.get_input_embeddings().weight, model.lm.get_input_embeddings().weight)
+    else:
+        assert loaded.offset_embedding.weight[0].abs().max() == 0  # the table is relative to the folded row
+
+
+@pytest.mark.parametrize("arch", ["gpt2-tied", "llama-tied"])
+def test_a_fine_tune_from_a_saved_tied_model_equals_one_from_the_model_in_memory(tmp_path, arch):
+    """init_from a tied checkpoint trains one shared matrix, as the original run did: two AdamW
+    steps from the loaded model give bit for bit the parameters of two steps from the original."""
+    model = rpt_model(arch)
+    model.save_pretrained(tmp_path)
+    loaded = RPTForCausalLM.from_pretrained(tmp_path)
+    _, ids, kw = ptp_inputs(4)
+    labels = torch.randint(0, 97, ids.shape, generator=torch.Generator().manual_seed(4))
+    for m in (model, loaded):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            m(ids, labels=labels, **kw).loss.backward()
+            opt.step()
+    assert sum(1 for _ in loaded.parameters()) == sum(1 for _ in model.parameters())
+    for (name, a), b in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_format_version_1_checkpoint_still_loads(tmp_path):
