@@ -30,6 +30,10 @@ are stale; the next call's region starts at j and rewrites them. At temperature 
 followed by a redraw of ``x_n`` whose value is known before the call (a keyed draw from logits the
 driver has, unless the sweep changes the prefix): the call feeds that value at column n instead of
 the current one, so its logits at n are already those the next position needs.
+
+**Batch-flat steps.** Plain NTP runs :mod:`rpt.sampling.ntp_path` instead of this loop; greedy RPT
+hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
+row has settled a column, and gets the rows back, with the call already made, at the first event.
 """
 
 from __future__ import annotations
