@@ -104,3 +104,25 @@ def test_per_row_python_only_at_events(models, monkeypatch):
     assert torch.equal(flat.sequences, rows.sequences)
     assert flat_sends <= 3 * 3  # the last position of each row, handed back to finish it
     assert len(sends) >= 3 * 29
+
+
+def test_nan_logits_in_a_flat_step_raise_naming_the_row(models):
+    """Logits that turn NaN mid-decode (after the per-row prefill) raise in the flat step, naming the row."""
+    ids, mask = prompts(3, seed=4)
+    cfg = SamplingConfig(max_new_tokens=12, rpt_iters=1, rpt_window=2, confidence=0.9, eos_token_id=[])
+    calls = []
+
+    def poison(module, args, out):
+        calls.append(1)
+        if len(calls) == 5:  # the prefill, then flat steps
+            out = out.clone()
+            out[1, :, 3] = float("nan")
+        return out
+
+    hook = models[2].lm.lm_head.register_forward_hook(poison)
+    try:
+        with pytest.raises(ValueError, match=r"NaN or inf \(rows \[1\]\)"):
+            generate(models[2], ids, cfg, attention_mask=mask)
+    finally:
+        hook.remove()
+    assert len(calls) == 5
