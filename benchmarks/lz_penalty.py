@@ -25,6 +25,7 @@ threads unless ``--threads`` is given). Run: ``python benchmarks/lz_penalty.py [
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import time
@@ -75,9 +76,11 @@ def run(kind: str, args: argparse.Namespace, device: torch.device) -> dict[str, 
     start = args.window + 1  # context already fills the window: the steady state of a long decode
     total = start + args.steps * args.rounds
     ids = text(kind, args.batch, args.prompt + total, args.vocab, gen).to(device)
-    # fresh logits every call: cycle a pool of ~64 MB so no call finds its logits in cache
+    # fresh logits every call: each call (of any variant) takes the next tensor of a ~128 MB pool, so
+    # no call finds its logits in cache, nor the ones another variant just touched
     pool = [torch.randn(args.batch, args.vocab, generator=gen).to(device)
-            for _ in range(max(2, (64 << 20) // (4 * args.batch * args.vocab)))]
+            for _ in range(max(2, (128 << 20) // (4 * args.batch * args.vocab)))]
+    calls = itertools.count()
     scores = pool[0]
     x = torch.rand(args.batch, args.vocab, generator=gen).to(device)
     kw = dict(window=args.window, buffer=args.buffer, prompt_length=args.prompt)
@@ -86,7 +89,7 @@ def run(kind: str, args: argparse.Namespace, device: torch.device) -> dict[str, 
     proc_incremental = LZPenaltyLogitsProcessor(args.alpha, incremental=True, **kw)
 
     def fresh(step: int) -> torch.Tensor:
-        return pool[step % len(pool)]
+        return pool[next(calls) % len(pool)]
 
     def view(step: int) -> torch.Tensor:
         return ids[:, : args.prompt + start + step]
