@@ -153,7 +153,7 @@ def test_bad_processor_arguments():
         lz_penalty(torch.tensor([1.0, 2.0]), 4)
 
 
-@pytest.mark.parametrize("inplace,incremental", [(False, None), (True, None), (False, False)])
+@pytest.mark.parametrize("inplace,incremental", [(False, None), (True, None), (False, False), (True, True)])
 def test_processor_equals_dense_penalty(inplace, incremental):
     gen = torch.Generator().manual_seed(3)
     rows, prompt, vocab, alpha = 5, 6, 300, 0.15
@@ -241,6 +241,41 @@ def test_no_host_sync_and_static_shapes():
     for pl in (3, torch.tensor([3, 5, 0, 40])):
         assert LZPenaltyLogitsProcessor(0.15, 16, 4, prompt_length=pl)(ids, scores).shape == (4, 100)
     assert lz_penalty(ids, 100, 16, 4, lengths=torch.tensor([1, 2, 3, 4], device="meta")).shape == (4, 100)
+
+
+class _HostReads(TorchDispatchMode):
+    """Counts the ops that hand tensor contents to the host (a device synchronisation on a GPU)."""
+
+    READS = {"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::nonzero", "aten::item"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.READS:
+            self.reads.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", ["codelength", "closest_longest"])
+def test_default_processor_reads_nothing_on_the_host_in_a_cpu_decode(variant):
+    """The default processor, as a decode calls it on CPU (the context grows by one token a call, ids
+    beyond the logits' width present), never reads tensor contents on the host; the opt-in tracker
+    does (its extends-check), which shows the probe sees such reads."""
+    gen = torch.Generator().manual_seed(5)
+    ids = periodic(3, 60, 4, 40, gen)
+    ids[1, 30] = 45  # an id the logits cannot hold
+    counts = {}
+    for incremental in (None, True):
+        proc = LZPenaltyLogitsProcessor(0.5, 16, 4, prompt_length=2, variant=variant, incremental=incremental)
+        with _HostReads() as probe:
+            for t in range(20, 60):
+                got = proc(ids[:, :t], torch.zeros(3, 40))
+        counts[incremental] = len(probe.reads)
+        torch.testing.assert_close(got, -0.5 * lz_penalty(ids[:, 2:59], 40, 16, 4, variant=variant))
+    assert counts[None] == 0
+    assert counts[True] > 0
 
 
 class _MaxNumel(TorchDispatchMode):

@@ -163,10 +163,13 @@ def resample_window(row: Row, t: int, plan: Plan) -> Generator[list[Request], li
             row.set(t, token)
 
 
-def decode_row(row: Row, plan: Plan) -> Program:
-    """A prompt's whole decode: NTP proposal, RPT iterations, stop checks, position after position."""
+def decode_row(row: Row, plan: Plan, start: int | None = None) -> Program:
+    """A prompt's whole decode: NTP proposal, RPT iterations, stop checks, position after position.
+
+    ``start``: resume at that position, the row holding its settled tokens before it (a driver that
+    ran the earlier positions itself, :mod:`rpt.sampling.rpt_path`); default the prompt's end."""
     budget = plan.max_new if row.max_new is None else row.max_new
-    for t in range(row.prompt_length, row.prompt_length + budget):
+    for t in range(row.prompt_length if start is None else start, row.prompt_length + budget):
         (token,) = yield [NTPRequest(t, 0)]
         row.append(token)
         if plan.k:

@@ -30,6 +30,10 @@ are stale; the next call's region starts at j and rewrites them. At temperature 
 followed by a redraw of ``x_n`` whose value is known before the call (a keyed draw from logits the
 driver has, unless the sweep changes the prefix): the call feeds that value at column n instead of
 the current one, so its logits at n are already those the next position needs.
+
+**Batch-flat steps.** Plain NTP runs :mod:`rpt.sampling.ntp_path` instead of this loop; greedy RPT
+hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
+row has settled a column, and gets the rows back, with the call already made, at the first event.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import ModelQueries, Visibility
-from rpt.sampling import ntp_path, randomness
+from rpt.sampling import ntp_path, randomness, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenHealingLogitsProcessor
@@ -186,6 +190,8 @@ class _Decoder:
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
+        self.flat = rpt_path.eligible(self)  # greedy RPT: common steps batch-flat (rpt_path)
+        self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
         seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
@@ -303,10 +309,10 @@ class _Decoder:
         return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
                                 for lag in block.lags])
 
-    def _propose(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
-                 ) -> list[list[int]]:
-        """Every proposal of the call, ``[batch, ...]`` on the host with one transfer (its first column:
-        whether the row's logits were NaN / inf, checked in the same transfer)."""
+    def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
+                   ) -> torch.Tensor:
+        """Every proposal of the call, ``[batch, ...]`` (its first column: whether the row's logits were
+        NaN / inf), on the device: the caller moves it to the host with one transfer."""
         out, at = [nonfinite(logits)[:, None].long()], 0
         position = n - self.pads  # each row's position of column n
         if block.keep_top:  # over the tokens fed at column n (a row's guess, if it made one)
@@ -320,7 +326,7 @@ class _Decoder:
             it = None if its is None else its[i]
             tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, it, lag)
             out += [tokens[:, None], accepted[:, None].long()]
-        return torch.cat(out, dim=1).tolist()
+        return torch.cat(out, dim=1)
 
     def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed."""
@@ -352,25 +358,39 @@ class _Decoder:
                 answers = {lag: (v[at + 2 * i], bool(v[at + 2 * i + 1])) for i, lag in enumerate(block.lags)}
                 self._send(s, [answers[r.lag] for r in s.requests])
 
-    def _round(self, live: list[_Slot], n: int) -> None:
-        block, chains = self._plan(live, n)
+    def _pattern(self, block: _Block) -> _Pattern:
         pattern = self._patterns.get(block)
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device)
+        return pattern
+
+    def _round(self, live: list[_Slot], n: int) -> None:
+        block, chains = self._plan(live, n)
+        pending, self.pending = self.pending, None
         self._apply_writes()  # host-to-device copies first, while the device is idle
-        ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
-        logits = self._call(block, ids, pattern, n)
-        vals = self._propose(logits, ids, block, its, n)
+        if pending is not None and pending[:2] == (n, block):  # rpt_path made this very call already
+            vals = pending[2].tolist()
+        else:
+            pattern = self._pattern(block)
+            ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
+            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, its, n).tolist()
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
         self._deliver(live, [v[1:] for v in vals], block, chains, n)
+
+    def call_block(self, n: int) -> tuple[_Block, torch.Tensor]:
+        """The call of a greedy common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's
+        ``x_n`` and one PTP chain per lag of the window; its block and proposals (on the device)."""
+        block = _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
+                       keep_prev=False)
+        pattern = self._pattern(block)
+        ids = self.seqs.index_select(1, pattern.src + n)
+        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, None, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
         .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
         block = _Block(region, (), keep_top=True, keep_prev=False)
-        pattern = self._patterns.get(block)
-        if pattern is None:
-            pattern = self._patterns[block] = _Pattern(block, self.device)
+        pattern = self._pattern(block)
         # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
         return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
                           pattern, n)
@@ -389,6 +409,8 @@ class _Decoder:
                 break
             if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
                 self._round(live, n)
+            elif self.flat:  # greedy RPT: common steps batch-flat until some row needs its program
+                n = rpt_path.run(self, n)
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
         rows = [s.row for s in self.slots]

@@ -27,7 +27,7 @@ Sampling uses :math:`\ell_v \leftarrow \ell_v - \alpha\,\mathrm{penalty}(v)`. Pa
   :math:`[0, \log_2 V]`; a candidate with no such occurrence, or a window of at most B tokens,
   gets penalty 0.
 
-Cost: the match lengths take one ``[batch, B + 1, W]`` comparison (the window against its own last
+Cost: the match lengths take one ``[batch, W, B + 1]`` comparison (the window against its own last
 B tokens, via ``unfold``), or O(batch * W) per step when carried along a decode
 (:class:`LZMatchTracker`); ``cost_j`` is a lookup in a ``[B + 1, W]`` table; the per-token minimum is
 a ``scatter_reduce`` of W values per row. Nothing of size V x W exists, and the from-scratch path
@@ -100,15 +100,17 @@ def lz_match_lengths(
     if lengths is not None:
         valid = torch.arange(m, device=tokens.device) >= m - lengths.to(tokens.device).clamp(0, m)[:, None]
         tokens = tokens.masked_fill(~valid, _PAD)
-    rev = tokens.flip(1)  # rev[:, u] = the token at distance u + 1
+    # rev[:, u] = the token at distance u + 1; int32 (ids < 2^31) halves the comparison's traffic
+    rev = tokens.flip(1).to(torch.int32)
     padded = torch.nn.functional.pad(rev, (0, buffer + 1), value=_PAD)
     # Compare the B tokens before each token (rev[u + 1 + k], k = 0..B-1) with the context's own
-    # last B tokens (rev[k]); a last row that never matches makes argmin give s = B on full matches.
+    # last B tokens (rev[k]); a last entry that never matches makes argmin give s = B on full matches.
     # Gaps need no care: a run of matches meets "real tail token vs gap" before reaching the tail's.
+    # Laid out [rows, m, B + 1] so that argmin reduces the contiguous last dim (~1.5x faster on CPU).
     tail = torch.cat([padded[:, :buffer], padded.new_full((rows, 1), _STOP)], dim=1)
-    eq = padded.unfold(1, m, 1)[:, 1: buffer + 2] == tail[:, :, None]  # [rows, B + 1, m]
-    s = eq.view(torch.uint8).argmin(dim=1)  # the first mismatch (argmin returns the first minimum)
-    return tokens, s.flip(1), valid
+    eq = padded.unfold(1, buffer + 1, 1)[:, 1: m + 1] == tail[:, None, :]  # [rows, m, B + 1]
+    s = eq.view(torch.uint8).argmin(dim=2)  # the first mismatch (argmin returns the first minimum)
+    return tokens, s.flip(1).long(), valid
 
 
 def _costs(s: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -264,9 +266,12 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         variant: ``"codelength"`` (default) or ``"closest_longest"`` (module docstring); the latter
             subtracts a dense ``[batch, V]`` penalty.
         incremental: carry match lengths between calls (:class:`LZMatchTracker`) when the context
-            grew by one token. None (default) = only for CPU tensors with an int ``prompt_length``;
-            on GPU the from-scratch path is cheap, has no host synchronisation and can be captured
-            in a CUDA graph.
+            grew by one token (ignored for a per-row ``prompt_length``; meant for CPU). Off by default:
+            deciding whether a call extends the previous one reads the tokens on the host (a
+            synchronisation every step, a graph break under ``torch.compile``), while the default
+            from-scratch path has none, so it runs inside a compiled / CUDA-graph-captured step,
+            and costs 1.4x one elementwise pass over the logits on CPU (V = 128256, batch 8,
+            benchmarks/lz_penalty.py). ``None`` is accepted as ``False``.
     """
 
     def __init__(
@@ -311,8 +316,8 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
     def _match_lengths(
         self, context: torch.Tensor, lengths: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        on_cpu = context.device.type == "cpu"
-        if lengths is None and (on_cpu if self.incremental is None else self.incremental):
+        # the tracker's extends-check reads tensor contents on the host: opt-in only (see __init__)
+        if lengths is None and self.incremental:
             return (*self._tracker(context), None)
         return lz_match_lengths(context, self.window, self.buffer, lengths)
 
@@ -333,13 +338,12 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         if self.variant == "closest_longest":
             return self._apply_dense(scores, tokens, s, valid, width)
         pen = _costs(s, self._penalty_table(math.log2(self.vocab_size or width), scores.device))
-        idx = tokens
-        # Gaps and ids the logits cannot hold get penalty 0 at column 0, a no-op below. On the CPU
-        # a host read is free, so the common all-in-range case skips the masking.
-        if valid is not None or tokens.device.type != "cpu" or int(tokens.max()) >= width:
-            outside = tokens >= width if valid is None else (tokens >= width) | ~valid
-            pen = pen.masked_fill(outside, 0.0)
-            idx = tokens.masked_fill(outside, 0)
+        # Gaps and ids the logits cannot hold get penalty 0 at column 0, a no-op below. Masked
+        # always (O(batch x W)) rather than after a check of tokens.max(): that read would be a
+        # host synchronisation, and a graph break under torch.compile.
+        outside = tokens >= width if valid is None else (tokens >= width) | ~valid
+        pen = pen.masked_fill(outside, 0.0)
+        idx = tokens.masked_fill(outside, 0)
         # min_j (l_v - pen_j) = l_v - max_j pen_j: one scatter-min applies each token's largest
         # penalty however often it occurs (order-free, so deterministic); pen >= 0 makes
         # include_self harmless.

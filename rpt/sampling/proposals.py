@@ -101,7 +101,8 @@ class Proposer:
         probs = _probs(scores)
         if self.ptp_samples_greedy:  # the argmax and its probability
             tokens = first_argmax(probs)
-            return tokens, probs.amax(-1) > self.config.confidence
+            # the probability at the argmax is the row's maximum: a gather, not a second pass over V
+            return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
         warped = self.warpers(context, scores) if self.warpers else scores
         tokens = inverse_cdf(_probs(warped), uniforms(self.seeds, position, iteration, lag))[:, 0]
         return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence

@@ -1,0 +1,128 @@
+"""The batch-flat greedy RPT step (``rpt/sampling/rpt_path.py``) against the uncached reference and the
+per-row driver it hands events to: the same tokens, finish reasons, corrections and model calls over
+random greedy configurations (k, w, confidence from "never" to "always" correcting, penalties, LZ,
+EOS, ragged rows, budgets), a batched row equal to the row alone, and per-row Python only at events."""
+
+import random
+
+import pytest
+import torch
+
+from rpt.sampling import SamplingConfig, generate, generate_reference, rpt_path
+from rpt.sampling.fast_decoder import _Decoder
+from tests.test_decoder import prompts, rpt_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {w: rpt_model(w) for w in (2, 3)}
+
+
+def per_row_driver(monkeypatch, model, ids, cfg, mask):
+    """``generate`` with the batch-flat step switched off."""
+    with monkeypatch.context() as m:
+        m.setattr(rpt_path, "eligible", lambda decoder: False)
+        return generate(model, ids, cfg, attention_mask=mask)
+
+
+def random_rpt_config(rng: random.Random, window: int, eos: int) -> SamplingConfig:
+    return SamplingConfig(
+        max_new_tokens=rng.choice([1, 6, 14]), rpt_iters=rng.choice([1, 2, 3]), rpt_window=window,
+        confidence=rng.choice([0.0, 0.3, 0.6, 0.9, 1.0]), repetition_penalty=rng.choice([1.0, 1.3]),
+        frequency_penalty=rng.choice([0.0, 0.5]), lz_penalty=rng.choice([0.0, 0.5]), lz_window=16,
+        penalize_ptp=rng.random() < 0.5, eos_token_id=rng.choice([[], eos]))
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_flat_step_equals_reference_and_per_row_driver(models, monkeypatch, case):
+    rng = random.Random(case)
+    window, batch = rng.choice([2, 3]), rng.choice([1, 3])
+    ids, mask = prompts(batch, lengths=rng.choice([(9, 5, 7), (4, 10, 7), (6, 6, 6)]), seed=case)
+    if batch == 1 or rng.random() < 0.3:
+        ids, mask = ids[:, -4:], None
+    free = generate(models[window], ids, SamplingConfig(max_new_tokens=12, eos_token_id=[]), attention_mask=mask)
+    cfg = random_rpt_config(rng, window, eos=free.generated(0)[rng.randrange(6)])
+    runs = []
+    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    fast = generate(models[window], ids, cfg, attention_mask=mask)
+    assert runs or cfg.max_new_tokens == 1  # the flat step ran (a 1-token decode has no step after the prefill)
+    ref = generate_reference(models[window], ids, cfg, attention_mask=mask)
+    rows = per_row_driver(monkeypatch, models[window], ids, cfg, mask)
+    assert torch.equal(fast.sequences, ref.sequences) and torch.equal(fast.sequences, rows.sequences)
+    assert fast.finish_reasons == ref.finish_reasons == rows.finish_reasons
+    assert fast.stats["corrections"] == ref.stats["corrections"] == rows.stats["corrections"]
+    assert fast.stats["forward_passes"] == rows.stats["forward_passes"]  # an event costs no extra call
+
+
+def test_corrections_and_stops_in_the_middle_hand_over_and_back(models, monkeypatch):
+    """Confidence 0.6 on this model corrects some positions and not others: the flat step hands rows
+    over at a correction and takes them back; the rows also stop at an EOS and a short budget."""
+    ids, mask = prompts(3, lengths=(4, 10, 7), seed=1)
+    cfg = SamplingConfig(max_new_tokens=24, rpt_iters=2, rpt_window=3, confidence=0.6, eos_token_id=[])
+    runs = []
+    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    fast = generate(models[3], ids, cfg, attention_mask=mask)
+    ref = generate_reference(models[3], ids, cfg, attention_mask=mask)
+    assert torch.equal(fast.sequences, ref.sequences)
+    assert fast.stats["corrections"] == ref.stats["corrections"] > 0
+    assert len(runs) > 1  # taken back after a hand-over
+    eos = fast.generated(1)[15]
+    stop = SamplingConfig(max_new_tokens=24, rpt_iters=2, rpt_window=3, confidence=0.6, eos_token_id=eos)
+    fast, ref = (f(models[3], ids, stop, attention_mask=mask) for f in (generate, generate_reference))
+    assert torch.equal(fast.sequences, ref.sequences) and fast.finish_reasons == ref.finish_reasons
+    assert "eos" in fast.finish_reasons
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_batched_rows_equal_their_single_runs(models, window):
+    ids, mask = prompts(3, lengths=(4, 10, 7), seed=2)
+    cfg = SamplingConfig(max_new_tokens=16, rpt_iters=1, rpt_window=window, confidence=0.6)
+    batched = generate(models[window], ids, cfg, attention_mask=mask)
+    for b in range(3):
+        single = generate(models[window], ids[b: b + 1, mask[b].argmax():], cfg)
+        assert batched.generated(b) == single.generated(0)
+
+
+def test_per_row_python_only_at_events(models, monkeypatch):
+    """No correction (confidence 1: nothing is accepted) and no stop until the budget: the rows'
+    programs are resumed a bounded number of times, not once per row per step as without the flat step."""
+    ids, mask = prompts(3, seed=3)
+    cfg = SamplingConfig(max_new_tokens=30, rpt_iters=1, rpt_window=3, confidence=1.0, eos_token_id=[])
+    sends = []
+    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
+    flat = generate(models[3], ids, cfg, attention_mask=mask)
+    flat_sends, sends[:] = len(sends), []
+    rows = per_row_driver(monkeypatch, models[3], ids, cfg, mask)
+    assert torch.equal(flat.sequences, rows.sequences)
+    assert flat_sends <= 3 * 3  # the last position of each row, handed back to finish it
+    assert len(sends) >= 3 * 29
+
+
+def test_nan_logits_in_a_flat_step_raise_naming_the_row(models):
+    """Logits that turn NaN mid-decode (after the per-row prefill) raise in the flat step, naming the row."""
+    ids, mask = prompts(3, seed=4)
+    cfg = SamplingConfig(max_new_tokens=12, rpt_iters=1, rpt_window=2, confidence=0.9, eos_token_id=[])
+    calls = []
+
+    def poison(module, args, out):
+        calls.append(1)
+        if len(calls) == 5:  # the prefill, then flat steps
+            out = out.clone()
+            out[1, :, 3] = float("nan")
+        return out
+
+    hook = models[2].lm.lm_head.register_forward_hook(poison)
+    try:
+        with pytest.raises(ValueError, match=r"NaN or inf \(rows \[1\]\)"):
+            generate(models[2], ids, cfg, attention_mask=mask)
+    finally:
+        hook.remove()
+    assert len(calls) == 5
