@@ -10,5 +10,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 import torch  # noqa: E402
 
 # One intra-op thread: tiny-model tests are dominated by thread hand-offs, and two threads on a
-# shared 2-core machine can slow a 0.4 s test to over a minute.
+# shared 2-core machine can slow a 0.4 s test to over a minute. Set once here for every module;
+# nothing in rpt/ or the tests changes it.
 torch.set_num_threads(1)

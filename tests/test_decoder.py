@@ -41,16 +41,6 @@ def rpt_model(window: int, seed: int = 0, attn: str = "sdpa", zero_ntp_row: bool
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny float64 models: thread start-up costs more than the math, and a busy machine makes
-    # several threads thrash. Restored for the rest of the session.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def models():
     return {w: rpt_model(w) for w in (2, 3)}

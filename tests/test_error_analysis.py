@@ -21,16 +21,6 @@ VOCAB = 30
 ITERS = 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run many small forwards: intra-op threads only add overhead (a lot of it on a
-    loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_rpt(vocab: int, seed: int = 0, head_gain: float = 3.0) -> RPTForCausalLM:
     """A tiny Llama whose context, positions and mask all matter, with a random offset table (so
     PTP-1 differs from NTP).

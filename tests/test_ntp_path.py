@@ -11,14 +11,6 @@ from rpt.sampling import SamplingConfig, generate, generate_reference, ntp_path
 from tests.test_decoder import V, prompts, rpt_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return rpt_model(2)

@@ -13,14 +13,6 @@ from rpt.sampling.fast_decoder import _Decoder
 from tests.test_decoder import prompts, rpt_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def models():
     return {w: rpt_model(w) for w in (2, 3)}

@@ -16,14 +16,6 @@ from tests.test_decoder import V, prompts, rpt_model
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return rpt_model(2)
