@@ -54,7 +54,7 @@ def read_ids(batches, tokenizer, n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("shards", [4, 1])
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_every_epoch_reads_every_document_once(corpora, tokenizer, shards, workers):
     ids = read_ids(build_packed(config(corpora[shards], data_workers=workers), "train", tokenizer), tokenizer, 160)
     for e in range(4):
@@ -72,7 +72,7 @@ def test_two_ranks_two_workers_split_every_epoch(corpora, tokenizer):
 
 
 @pytest.mark.parametrize("buffer", [0, 3, 10_000])
-@pytest.mark.parametrize("world, workers, cut", [(1, 2, 25), (1, 2, 50), (1, 0, 47), (2, 2, 25), (2, 2, 9)])
+@pytest.mark.parametrize("world, workers, cut", [(1, 2, 25), (1, 2, 50), (1, 0, 47), (1, 1, 30), (2, 2, 25), (2, 2, 9), (2, 1, 13)])
 def test_resume_continues_exactly(corpora, tokenizer, buffer, world, workers, cut):
     """Cut at micro-batch ``cut`` (epochs are 40 / world documents long per rank), resume, and read on."""
     cfg = config(corpora[4], data_workers=workers, shuffle_buffer=buffer)
