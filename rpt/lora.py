@@ -107,7 +107,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    from rpt.model import RPT_CONFIG_NAME, RPT_TABLE_NAME
+    from rpt.model import RPT_CONFIG_NAME, RPT_FORMAT_VERSION, RPT_TABLE_NAME, offset_rows
 
     if state_dict is None:
         state_dict = model.state_dict()
@@ -121,20 +121,18 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     save_file({_PREFIX + k: v.detach().cpu().contiguous() for k, v in adapter.items()}, os.path.join(path, ADAPTER_WEIGHTS),
               metadata={"format": "pt"})
     config = lora_config(section)
-    if base is None:
-        base_dir = os.path.join(path, BASE_SUBDIR)
-        model.lm.save_pretrained(base_dir, state_dict=_base_state(lm_state))
+    if base is None:  # a from-config base: its frozen weights go beside the adapter
+        model.lm.save_pretrained(os.path.join(path, BASE_SUBDIR), state_dict=_base_state(lm_state))
         base_ref = BASE_SUBDIR
+        config.base_model_name_or_path = os.path.abspath(os.path.join(final_path or path, BASE_SUBDIR))
     else:
-        base_ref = base
-    config.base_model_name_or_path = base if base is not None else os.path.abspath(os.path.join(final_path or path, BASE_SUBDIR))
+        base_ref = config.base_model_name_or_path = base
     config.save_pretrained(path)
     table = state_dict["offset_embedding.weight"]
     save_file({"offset_embedding.weight": table.detach().cpu().contiguous()}, os.path.join(path, RPT_TABLE_NAME))
-    rows = ["+1"] + [f"-{l}" for l in range(1, model.window)] + [f"+{model.window}"]
     with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
-        json.dump({"window": model.window, "offset_rows": rows, "format_version": 2, "ntp_row_folded": False,
-                   "lora": {"base": base_ref, **{k: v for k, v in section.items()}}}, f, indent=2)
+        json.dump({"window": model.window, "offset_rows": offset_rows(model.window), "format_version": RPT_FORMAT_VERSION,
+                   "ntp_row_folded": False, "lora": {"base": base_ref, **section}}, f, indent=2)
 
 
 def is_lora_checkpoint(rpt_config: dict[str, Any]) -> bool:

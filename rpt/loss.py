@@ -104,9 +104,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 p.mul_(scale)
             if grad_b is not None:
                 grad_b += p.sum(dim=0)
-            pc = p if p.dtype == hidden.dtype else p.to(hidden.dtype)
-            if grad_h is not None:
-                torch.mm(pc, weight, out=grad_h[s:e])
+            if grad_h is not None:  # the compute-dtype copy of p only where grad_h needs it
+                torch.mm(p if p.dtype == hidden.dtype else p.to(hidden.dtype), weight, out=grad_h[s:e])
             if grad_w is not None:  # float32 operands: p is float32 already, the chunk's hidden is small
                 grad_w.addmm_(p.t(), hidden[s:e].float())
         ctx.probs = None

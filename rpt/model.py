@@ -80,6 +80,11 @@ def _output(out, **fields) -> RPTOutput:
                      attentions=getattr(out, "attentions", None), **fields)
 
 
+def offset_rows(window: int) -> list[str]:
+    """The offset table's rows as ``rpt_config.json`` names them: ``+1`` (NTP), ``-1..-(w-1)``, ``+w``."""
+    return ["+1"] + [f"-{l}" for l in range(1, window)] + [f"+{window}"]
+
+
 def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor | None, window: int):
     """Eq. 13 (mean CE over labelled positions) and the NTP / PTP-l split, without host syncs."""
     valid = (labels != IGNORE_INDEX).to(per_token.dtype)
@@ -136,11 +141,11 @@ class RPTForCausalLM(nn.Module):
             _raise_exceptions_for_connection_errors=False, **lookup,
         )
         if config_file is not None:
+            from rpt.lora import is_lora_checkpoint, load_lora
+
             with open(config_file) as f:
                 rpt_config = json.load(f)
-            if isinstance(rpt_config.get("lora"), dict):  # an adapter directory (rpt.lora): merged for inference
-                from rpt.lora import load_lora
-
+            if is_lora_checkpoint(rpt_config):  # an adapter directory (rpt.lora): merged for inference
                 model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
                 model.merged_from_lora = True
                 return model
@@ -201,16 +206,16 @@ class RPTForCausalLM(nn.Module):
         """
         os.makedirs(path, exist_ok=True)
         if state_dict is None:
-            base_state, table = self.lm.state_dict(), self.offset_embedding.weight.detach()
+            base_state, absolute = self.lm.state_dict(), self.offset_embedding.weight.detach()
         else:
             base_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
-            table = state_dict["offset_embedding.weight"]
+            absolute = state_dict["offset_embedding.weight"]
         input_key = module_key(self.lm, self.lm.get_input_embeddings())
         output_key = module_key(self.lm, self.lm.get_output_embeddings())
         tied = embeddings_tied(self.lm)
         if tied and output_key not in base_state:
             base_state = {**base_state, output_key: base_state[input_key]}  # a gathered tied state names one copy
-        base_state, table = fold_ntp_row(base_state, table, input_key, output_key, tied)
+        base_state, table = fold_ntp_row(base_state, absolute, input_key, output_key, tied)
         config = self.lm.config
         was_tied = getattr(config, "tie_word_embeddings", None)
         if tied:
@@ -222,12 +227,10 @@ class RPTForCausalLM(nn.Module):
                 config.tie_word_embeddings = was_tied
         tensors = {"offset_embedding.weight": table.detach().cpu().contiguous()}
         if tied:  # the absolute table too: RPTForCausalLM.from_pretrained ties the model again, exactly
-            absolute = self.offset_embedding.weight if state_dict is None else state_dict["offset_embedding.weight"]
             tensors[TIED_TABLE_KEY] = absolute.detach().cpu().contiguous()
         save_file(tensors, os.path.join(path, RPT_TABLE_NAME))
-        rows = ["+1"] + [f"-{l}" for l in range(1, self.window)] + [f"+{self.window}"]
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
-            json.dump({"window": self.window, "offset_rows": rows, "format_version": RPT_FORMAT_VERSION,
+            json.dump({"window": self.window, "offset_rows": offset_rows(self.window), "format_version": RPT_FORMAT_VERSION,
                        "ntp_row_folded": True, "untied_embeddings": tied}, f, indent=2)
         from rpt.hf_generate import write_custom_generate  # late: rpt.sampling imports this module
 

@@ -422,11 +422,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         speed.add(global_batch * cfg.seq_len)
         bar.update(1)
 
+        position = start_position + (step - start_step) * global_batch  # samples read after this step
         row: dict[str, Any] = {}
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             row = {"step": step, **meter.reduce(accelerator), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None, **speed.row(),
-                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": start_position + (step - start_step) * global_batch}
+                   "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": position}
             meter.reset()
         # Its own schedule: evaluating only on logged steps skipped eval_every steps log_every misses.
         if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
@@ -442,7 +443,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             speed.restart()  # evaluation and logging time is not training throughput
 
         if step % cfg.save_every == 0 or step == cfg.max_steps:
-            save_checkpoint(accelerator, cfg, step, start_position + (step - start_step) * global_batch, train.state_dict())
+            save_checkpoint(accelerator, cfg, step, position, train.state_dict())
             speed.restart()
     bar.close()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from operator import itemgetter
 
 MAX_DEPTH = 200
 _SMALL_INT = 1 << 53  # beyond this JSON numbers lose precision in other readers; and Python caps
@@ -161,20 +162,20 @@ def check_hashes(values) -> None:
     most 61 bits, which do not collide)."""
     values = list(values)
     try:
-        hashes = list(map(hash, values))
-    except TypeError:  # an unhashable value (a set of it fails on its own): value by value below
-        hashes = None
-    if hashes is not None:
-        counts = Counter(hashes)
-        if max(counts.values(), default=0) <= MAX_SAME_HASH:
-            return  # the usual case, at C speed: no hash is crowded, equal values or not
-        crowded = {key for key, n in counts.items() if n > MAX_SAME_HASH}
-        values = [v for v, key in zip(values, hashes) if key in crowded]
+        keyed = list(zip(map(hash, values), values))  # the usual case, at C speed
+    except TypeError:  # an unhashable value (a set of it fails on its own): value by value
+        keyed = []
+        for value in values:
+            try:
+                keyed.append((hash(value), value))
+            except TypeError:
+                continue
+    counts = Counter(map(itemgetter(0), keyed))
+    if max(counts.values(), default=0) <= MAX_SAME_HASH:
+        return  # no hash is crowded, equal values or not
     buckets: dict[int, list] = {}
-    for value in values:
-        try:
-            key = hash(value)
-        except TypeError:
+    for key, value in keyed:
+        if counts[key] <= MAX_SAME_HASH:
             continue
         same = buckets.setdefault(key, [])
         if not any(value is other or value == other for other in same):

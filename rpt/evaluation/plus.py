@@ -49,6 +49,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from rpt.evaluation import _wire
@@ -151,6 +152,14 @@ class Oracle:
         """The task's inputs of ``split`` that have an expected output."""
         skip = set(self.dropped.get(split, []))
         return [x for i, x in enumerate(task[f"{split}_input"]) if i not in skip]
+
+    @cached_property
+    def message_cap(self) -> int:
+        """The largest result message a right answer can need: 8 x the largest expected output's
+        encoding (a float within tolerance may print longer than the expected one) + 1 MiB.
+        Computed once per task, not once per completion."""
+        largest = max((len(json.dumps(v, separators=(",", ":"))) for v in self.base + self.plus), default=0)
+        return 8 * largest + (1 << 20)
 
 
 def cache_dir(dataset: str, digest: str) -> Path:
@@ -285,17 +294,10 @@ def build_job(dataset: str, task: dict, oracle: Oracle, completion: str) -> Job:
         raise ValueError(f"{task['task_id']}: {len(inputs)} inputs but {len(base_limits) + len(plus_limits)} expected "
                          "outputs: the cached expected outputs do not belong to this data")
     return Job(task["prompt"] + completion, mode="calls", entry_point=task["entry_point"],
-               inputs=[_wire.to_json(x) for x in oracle.inputs(task, "base") + oracle.inputs(task, "plus")],
+               inputs=[_wire.to_json(x) for x in inputs],
                time_limits=base_limits + plus_limits,
                total_limit=min(SPLIT_TIME_LIMIT, sum(base_limits)) + min(SPLIT_TIME_LIMIT, sum(plus_limits)),
-               max_message_bytes=message_cap(oracle))
-
-
-def message_cap(oracle: Oracle) -> int:
-    """The largest result message a right answer can need: 8 x the largest expected output's
-    encoding (a float within tolerance may print longer than the expected one) + 1 MiB."""
-    largest = max((len(json.dumps(v, separators=(",", ":"))) for v in oracle.base + oracle.plus), default=0)
-    return 8 * largest + (1 << 20)
+               max_message_bytes=oracle.message_cap)
 
 
 class Verdict:

@@ -407,10 +407,11 @@ class _Deadline:
             return self.load
         n = len(self.job.inputs)
         if self.cumulative is None:
-            return min(self.ready + self.job.total_limit + 1.0, self.end)
-        total = min(self.job.total_limit, self.cumulative[n])
-        # +0.5 s: scheduling slack on a loaded machine; the alarm in the child fires at the limit.
-        return min(self.ready + min(self.cumulative[min(self.results + 1, n)], total) + 0.5, self.end)
+            allowed = self.job.total_limit + 1.0
+        else:
+            # +0.5 s: scheduling slack on a loaded machine; the alarm in the child fires at the limit.
+            allowed = min(self.cumulative[min(self.results + 1, n)], self.job.total_limit, self.cumulative[n]) + 0.5
+        return min(self.ready + allowed, self.end)
 
 
 class _Child:

@@ -26,6 +26,7 @@ from scipy.stats import spearmanr
 
 from rpt.evaluation import controlled as ctl
 from rpt.evaluation import window_chain as wc
+from rpt.evaluation.error_analysis import ETAS  # the same etas as the LM error analysis reports
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -313,7 +314,6 @@ def _loss_table(summary: dict) -> list:
 
 
 # ---- proper scores and the precondition on the controlled source (exact: the truth is known) ----------
-ETAS = (0.0, 0.5, 0.7, 0.9)
 
 
 def marginal_scores(pred: np.ndarray, truth: np.ndarray) -> dict:

@@ -175,6 +175,10 @@ class _Decoder:
         self.seeds = randomness.row_seeds(config.seed, len(prompts.rows), seeds)
         self.seqs = self._layout(prompts)  # the rows' current tokens: the processors' contexts
         self.pads = torch.tensor(prompts.pads, device=device)
+        # for the batch-flat paths, built once: each row's last position's column, and the EOS ids
+        # (none: -1, an id no token has, keeps isin's shape fixed)
+        self.last_cols = torch.tensor(self.budgets, device=device) + (W - 1)
+        self.eos = torch.tensor(config.eos_token_ids or [-1], dtype=torch.long, device=device)
         self.start_cols = self.pads if max(prompts.pads) > 0 else None
         healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes, W) if any(prompts.prefixes) else None
         self.proposer = Proposer(config, W, torch.tensor(self.seeds, device=device),
@@ -329,7 +333,8 @@ class _Decoder:
         return torch.cat(out, dim=1)
 
     def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
-        """What the call fed for row s, and the NTP proposals it computed."""
+        """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of
+        :meth:`_proposals`, its nonfinite flag first)."""
         changed = n + 1
         for c in range(n - block.region + 1, n + 1):
             fed = s.feed.get(c, s.token(c))
@@ -343,14 +348,14 @@ class _Decoder:
             for c in range(s.low, low):  # nor is any older column's proposal asked for again
                 s.draws.pop(c, None)
             s.low = low
-        d, at = self.proposer.ntp_draws, 0
+        d, at = self.proposer.ntp_draws, 1
         if block.keep_top:
-            s.draws[n + 1], at = vals[:d], d
+            s.draws[n + 1], at = vals[1: 1 + d], 1 + d
         if block.keep_prev:
             s.draws[n] = vals[at: at + d]
 
     def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, chains: dict, n: int) -> None:
-        at = self.proposer.ntp_draws * (block.keep_top + block.keep_prev)
+        at = 1 + self.proposer.ntp_draws * (block.keep_top + block.keep_prev)  # past the flag and the NTP draws
         for s in live:
             self._record(s, vals[s.index], block, n)
             if s.index in chains:
@@ -375,7 +380,7 @@ class _Decoder:
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
             vals = self._proposals(self._call(block, ids, pattern, n), ids, block, its, n).tolist()
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
-        self._deliver(live, [v[1:] for v in vals], block, chains, n)
+        self._deliver(live, vals, block, chains, n)
 
     def call_block(self, n: int) -> tuple[_Block, torch.Tensor]:
         """The call of a greedy common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's

@@ -33,8 +33,7 @@ def eligible(decoder) -> bool:
 def run(d) -> GenerateOutput:
     """Decode every row of the :class:`~rpt.sampling.fast_decoder._Decoder` ``d`` to its end."""
     device, W, batch = d.device, d.W, len(d.prompts.rows)
-    eos = torch.tensor(d.config.eos_token_ids, dtype=torch.long, device=device) if d.config.eos_token_ids else None
-    last = W - 1 + torch.tensor(d.budgets, device=device)  # the column of each row's last possible token
+    last, eos = d.last_cols, d.eos  # the column of each row's last possible token; the EOS ids
     end = last.clone()  # the column of each row's final token, once it is done
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     n = W - 1
@@ -44,9 +43,7 @@ def run(d) -> GenerateOutput:
         token = d.proposer.ntp(d.seqs[:, : n + 1], logits[:, 0], n + 1 - d.pads)[:, 0]
         token = torch.where(done, d.pad_id, token)
         d.seqs[:, n + 1] = token
-        stop = ~done & (last <= n + 1)
-        if eos is not None:
-            stop |= ~done & torch.isin(token, eos)
+        stop = ~done & ((last <= n + 1) | torch.isin(token, eos))
         end = torch.where(stop, n + 1, end)
         done |= stop
         n += 1

@@ -48,9 +48,7 @@ def run(d, n: int) -> int:
     proposal for n + 1) until an event; returns the column the per-row driver goes on settling."""
     alive = torch.tensor([s.requests is not None for s in d.slots], device=d.device)
     proposal = d._to_device([s.usable(n + 1, n)[0] if s.requests is not None else d.pad_id for s in d.slots])
-    last = torch.tensor(d.budgets, device=d.device) + (d.W - 1)  # each row's last position's column
-    # no EOS: -1, an id no token has, keeps isin's shape fixed
-    eos = torch.tensor(d.config.eos_token_ids or [-1], dtype=torch.long, device=d.device)
+    last, eos = d.last_cols, d.eos  # each row's last position's column; the EOS ids
     d._apply_writes()
     m = n + 1
     while True:
