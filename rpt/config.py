@@ -83,6 +83,10 @@ class TrainConfig:
     run_name: str | None = None
     plot: bool = True
 
+    def global_batch(self, processes: int) -> int:
+        """Samples per optimizer step over all processes."""
+        return self.micro_batch_size * self.grad_accum * processes
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

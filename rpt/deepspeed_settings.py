@@ -22,7 +22,7 @@ def wanted(cfg: TrainConfig, world_size: int) -> dict[str, tuple[Any, str]]:
         "gradient_clipping": (float(cfg.max_grad_norm), "max_grad_norm"),
         "train_micro_batch_size_per_gpu": (cfg.micro_batch_size, "micro_batch_size"),
         "gradient_accumulation_steps": (cfg.grad_accum, "grad_accum"),
-        "train_batch_size": (cfg.micro_batch_size * cfg.grad_accum * world_size, "micro_batch_size x grad_accum x processes"),
+        "train_batch_size": (cfg.global_batch(world_size), "micro_batch_size x grad_accum x processes"),
     }
 
 

@@ -292,7 +292,7 @@ def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> tup
     if accelerator.is_main_process:
         metrics_log.truncate_after(step)
         print(f"resumed from {path} at step {step} (data position {position})")
-        old_batch, batch = state.get("global_batch"), cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes
+        old_batch, batch = state.get("global_batch"), cfg.global_batch(accelerator.num_processes)
         if old_batch is not None and old_batch != batch:
             print(f"the global batch changed from {old_batch} to {batch} samples (world size "
                   f"{state.get('world_size')} -> {accelerator.num_processes}): continuing at sample {position}")
@@ -311,7 +311,7 @@ def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int
     if accelerator.is_main_process:
         write_json_atomic(os.path.join(tmp, "trainer_state.json"), {
             "step": step, "data_position": data_position, "world_size": accelerator.num_processes,
-            "global_batch": cfg.micro_batch_size * cfg.grad_accum * accelerator.num_processes,
+            "global_batch": cfg.global_batch(accelerator.num_processes),
             "data_workers": cfg.data_workers, "config": cfg.to_dict(),
         })
         commit_dir(tmp, final_path)
@@ -386,7 +386,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
-    global_batch = cfg.micro_batch_size * cfg.grad_accum * world
+    global_batch = cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
     start_step, start_position = resume(accelerator, cfg, train, metrics_log)
     if cfg.report_to != "none":

@@ -143,4 +143,4 @@ def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1)
     packed = PackedStore(open_store(cfg, split, tokenizer), cfg.seq_len + 1, cfg.seed)
     if split == "validation":
         return packed
-    return StoreBatches(packed, cfg.micro_batch_size, cfg.micro_batch_size * cfg.grad_accum * world_size)
+    return StoreBatches(packed, cfg.micro_batch_size, cfg.global_batch(world_size))
