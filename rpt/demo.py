@@ -7,7 +7,7 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 1. ``corpus``   -- the Python standard library of this interpreter, split by file; a BPE tokenizer.
 2. ``ar_c``     -- pretrain a tiny Llama with NTP (the paper's AR-C).
 3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, side by side, fine-tune with the RPT
-   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr),
+   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.15, lr 3e-3; AR-F gets the same lr),
    400 steps each, once per training seed (``--finetune-seeds``, default 0 and 1; the second
    seed's runs are ``ar_f_seed1`` / ``rpt_seed1``); every evaluation reads the whole validation split.
 4. ``seed_study`` -- validation NTP loss of AR-F and of the RPT model, PTP-1 of the RPT model, and
