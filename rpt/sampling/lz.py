@@ -27,13 +27,14 @@ Sampling uses :math:`\ell_v \leftarrow \ell_v - \alpha\,\mathrm{penalty}(v)`. Pa
   :math:`[0, \log_2 V]`; a candidate with no such occurrence, or a window of at most B tokens,
   gets penalty 0.
 
-Cost: the match lengths take one ``[batch, W, B + 1]`` comparison (the window against its own last
-B tokens, via ``unfold``), or O(batch * W) per step when carried along a decode
-(:class:`LZMatchTracker`); ``cost_j`` is a lookup in a ``[B + 1, W]`` table; the per-token minimum is
-a ``scatter_reduce`` of W values per row. Nothing of size V x W exists, and the from-scratch path
-has no host synchronisation (static shapes, no ``.item()``), so it can be captured in a CUDA graph.
-The processor never builds the ``[batch, V]`` penalty: one scatter-min of ``logit - penalty_j`` over
-the <= W window positions rewrites the affected logits.
+Cost: the match lengths take one ``[batch, B, W]`` uint8 comparison (the B tokens before each
+window column against the context's last B, via ``unfold``; :func:`mismatch_depth`), or O(batch * W)
+per step when carried along a decode (:class:`LZMatchTracker`); ``cost_j`` is a lookup in a
+``[B + 1, W]`` table; the per-token minimum is a ``scatter_reduce`` of W values per row. Nothing of
+size V x W exists, and the from-scratch path has no host synchronisation (static shapes, no
+``.item()``; every branch reads shapes only), so it traces into one ``torch.compile`` graph and can
+be captured in a CUDA graph. The processor never builds the ``[batch, V]`` penalty: one scatter-min
+of ``logit - penalty_j`` over the <= W window positions rewrites the affected logits.
 
 Layout used throughout: the window's tokens in natural order, right-aligned, so column ``c`` of
 ``m`` holds ``c_{c+1}`` at distance ``D = m - c``, with at most ``c`` tokens before it.
@@ -292,7 +293,8 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             deciding whether a call extends the previous one reads the tokens on the host (a
             synchronisation every step, a graph break under ``torch.compile``), while the default
             from-scratch path has none, so it runs inside a compiled / CUDA-graph-captured step,
-            and costs 1.4x one elementwise pass over the logits on CPU (V = 128256, batch 8,
+            and costs about 1.4x (random text) / 0.9x (repetitive) one elementwise pass over fresh
+            logits at 1 thread, 1.6x / 1.3x at 2 threads (V = 128256, batch 8, loaded 2-core CPU,
             benchmarks/lz_penalty.py). ``None`` is accepted as ``False``.
     """
 
