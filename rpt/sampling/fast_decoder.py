@@ -382,14 +382,21 @@ class _Decoder:
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
         self._deliver(live, vals, block, chains, n)
 
-    def call_block(self, n: int) -> tuple[_Block, torch.Tensor]:
-        """The call of a greedy common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's
-        ``x_n`` and one PTP chain per lag of the window; its block and proposals (on the device)."""
+    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
+        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's ``x_n``
+        and one PTP chain per lag of the window; its block and proposals (on the device). ``guess``
+        (sampled, k = 1): ``[batch]`` x_n after an unchanged sweep, fed at column n as :meth:`_ids` feeds
+        a row's guess (the chains keep ``x_n``); the sweep's draws are keyed by iteration 1."""
         block = _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
                        keep_prev=False)
         pattern = self._pattern(block)
         ids = self.seqs.index_select(1, pattern.src + n)
-        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, None, n)
+        if guess is not None:
+            ids[:, block.region - 1] = guess
+        its = None
+        if block.lags and not self.proposer.ptp_samples_greedy:
+            its = torch.ones((len(block.lags), ids.shape[0]), dtype=torch.long, device=self.device)
+        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, its, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
