@@ -80,6 +80,9 @@ def cost_table(window: int, buffer: int, device: torch.device | str = "cpu") -> 
     return _TABLES[key]
 
 
+_WEIGHTS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
+
+
 def _weights(buffer: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     key = (buffer, dtype, str(device))
     if key not in _WEIGHTS:
@@ -87,12 +90,10 @@ def _weights(buffer: int, dtype: torch.dtype, device: torch.device) -> torch.Ten
     return _WEIGHTS[key]
 
 
-_WEIGHTS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
-
-
 def mismatch_depth(source: torch.Tensor, buffer: int) -> torch.Tensor:
     """``B - s`` of each window column, from ``source [rows, B + m]`` int32: the B tokens before
-    the window (-1 where there are none), then the window's m tokens. Returns ``[rows, m]``
+    the window (-1 where there are none; a full window may pass older tokens, see :func:`cost_table`),
+    then the window's m tokens. Returns ``[rows, m]``
     (uint8 for B < 256): 0 for a full B-token match.
 
     For column j, ``source[j + q]`` (q = 0..B-1) are the B tokens before it and ``source[m + q]``
@@ -100,7 +101,7 @@ def mismatch_depth(source: torch.Tensor, buffer: int) -> torch.Tensor:
     ``B - s = max_q (q + 1) [mismatch at q]``. Laid out ``[rows, B, m]`` so that the max
     reduces an outer dim (vectorised along m), and written through ``out=`` because a plain
     ``!=`` of this overlapping view returns a permuted layout whose reduction is ~8x slower;
-    uint8 and the max in place of an argmin keep every pass ~4x cheaper than a bool argmin.
+    uint8 and a max in place of a bool argmin make the passes ~3-5x cheaper (1 thread, 8 x 512 x 32).
     """
     rows, m = source.shape[0], source.shape[1] - buffer
     dtype = torch.uint8 if buffer < 256 else torch.int32
