@@ -32,7 +32,7 @@ driver has, unless the sweep changes the prefix): the call feeds that value at c
 the current one, so its logits at n are already those the next position needs.
 
 **Batch-flat steps.** Plain NTP runs :mod:`rpt.sampling.ntp_path` instead of this loop; greedy RPT
-hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
+(and sampled RPT with k = 1) hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
 row has settled a column, and gets the rows back, with the call already made, at the first event.
 """
 
@@ -194,7 +194,7 @@ class _Decoder:
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
-        self.flat = rpt_path.eligible(self)  # greedy RPT: common steps batch-flat (rpt_path)
+        self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
         self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
@@ -421,7 +421,7 @@ class _Decoder:
                 break
             if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
                 self._round(live, n)
-            elif self.flat:  # greedy RPT: common steps batch-flat until some row needs its program
+            elif self.flat:  # common steps batch-flat (rpt_path) until some row needs its program
                 n = rpt_path.run(self, n)
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
