@@ -137,7 +137,8 @@ def test_sampled_flat_step_equals_reference_and_per_row_driver(models, monkeypat
     lengths = tuple(rng.randrange(3, 11) for _ in range(batch))
     ids, mask = prompts(batch, lengths=lengths, seed=case)
     cfg = SamplingConfig(
-        max_new_tokens=rng.choice([6, 14]), rpt_iters=k, rpt_window=window, temperature=temperature, seed=case,
+        max_new_tokens=rng.choice([6, 14]) if k == 1 else 6, rpt_iters=k, rpt_window=window, temperature=temperature,
+        seed=case,
         confidence=rng.choice([0.0, 0.05, 0.3, 0.9]), top_k=rng.choice([0, 8]), top_p=rng.choice([1.0, 0.9]),
         ptp_greedy=case % 2 == 1, repetition_penalty=rng.choice([1.0, 1.3]), frequency_penalty=rng.choice([0.0, 0.5]),
         lz_penalty=rng.choice([0.0, 0.5]), lz_window=16, penalize_ptp=rng.random() < 0.5, eos_token_id=[])
