@@ -41,6 +41,20 @@ def settle(d, token: torch.Tensor, n, done: torch.Tensor, end: torch.Tensor):
     return token, done | stop, torch.where(stop, n + 1, end)
 
 
+def propose_fixed(config, seeds: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor, n: torch.Tensor,
+                  prompt: torch.Tensor, pads: torch.Tensor) -> torch.Tensor:
+    """``[batch, draws]``: what ``Proposer(config, W, seeds, pad_length=pads).ntp(seqs[:, : n + 1], logits,
+    n + 1 - pads)`` proposes, read from the whole fixed-width layout ``seqs`` with ``n`` a 0-dim tensor
+    (the rotated context of the module docstring): the same shapes at every step. ``prompt``: ``[batch]``
+    all W (a tensor, so that the graph does not depend on the prompt width)."""
+    width = seqs.shape[1]
+    cols = torch.arange(width, device=seqs.device)
+    shift = width - 1 - n  # the rotated context's leading columns: the layout's columns past n
+    context = seqs.index_select(1, (cols + (n + 1)) % width)
+    proposer = Proposer(config, prompt + shift, seeds, pad_length=pads + shift)
+    return proposer.ntp(context, logits, n + 1 - pads)
+
+
 class CompiledNTPStep:
     """``step(n, done, end)``: feed every row's token at column n, propose its token for n + 1.
 
@@ -52,11 +66,10 @@ class CompiledNTPStep:
         self.d, q = d, d.queries
         if d.seqs.shape[1] != q.capacity:
             raise AssertionError("the compiled NTP step needs the layout as wide as the cache")
-        self.cols = torch.arange(q.capacity, device=d.device)
-        self.prompt_cols = torch.full_like(d.pads, d.prompts.width)  # per row: the processors take [batch]
         if d.config.lz_penalty:  # cached outside: filling the cache while tracing would re-trace the next call
             cost_table(d.config.lz_window, d.config.lz_buffer, d.device)
         self.n = torch.zeros((), dtype=torch.long, device=d.device)
+        self.prompt = torch.full_like(d.pads, d.W)  # a tensor: an int W would be a graph per prompt width
         self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, backend=backend)
 
     def _step(self, seqs, n, done, end):
@@ -66,11 +79,7 @@ class CompiledNTPStep:
         mask = q.mask(Visibility(column, d.start_cols, column), column, q.capacity)
         logits = q._step(seqs.index_select(1, column), positions, None, mask, column, None)[:, 0]
         bad = nonfinite(logits) & ~done
-        capacity = self.cols.shape[0]
-        shift = capacity - 1 - n  # the rotated context's leading columns that lie past column n
-        context = seqs.index_select(1, (self.cols + (n + 1)) % capacity)
-        proposer = Proposer(d.config, shift + self.prompt_cols, d.proposer.seeds, pad_length=shift + d.pads)
-        token = proposer.ntp(context, logits, n + 1 - d.pads)[:, 0]
+        token = propose_fixed(d.config, d.proposer.seeds, seqs, logits, n, self.prompt, d.pads)[:, 0]
         token, done, end = settle(d, token, n, done, end)
         return token, done, end, bad, torch.stack([bad.any(), done.all()])
 
