@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 
 from rpt.queries import COMPILED_GRAPHS, Visibility, attention_implementation
-from rpt.sampling.lz import cost_table
 from rpt.sampling.proposals import Proposer, nonfinite
 
 
@@ -62,14 +61,16 @@ class CompiledNTPStep:
     rows aside), ``flags`` ``[2]`` = (any bad, all done), for the caller's one transfer.
     """
 
-    def __init__(self, d, backend: str):
+    def __init__(self, d, backend: str, logits: torch.Tensor):
         self.d, q = d, d.queries
         if d.seqs.shape[1] != q.capacity:
             raise AssertionError("the compiled NTP step needs the layout as wide as the cache")
-        if d.config.lz_penalty:  # cached outside: filling the cache while tracing would re-trace the next call
-            cost_table(d.config.lz_window, d.config.lz_buffer, d.device)
-        self.n = torch.zeros((), dtype=torch.long, device=d.device)
+        self.n = torch.full((), d.W - 1, dtype=torch.long, device=d.device)
         self.prompt = torch.full_like(d.pads, d.W)  # a tensor: an int W would be a graph per prompt width
+        # One eager proposal (on a copy of the prefill's logits ``[batch, V]``, result unused): the
+        # processors fill their module-level caches (the LZ cost tables) on first use, and a cache
+        # filled while tracing changes a global that dynamo guards, so the next call would re-trace.
+        propose_fixed(d.config, d.proposer.seeds, d.seqs, logits.clone(), self.n, self.prompt, d.pads)
         self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, backend=backend)
 
     def _step(self, seqs, n, done, end):

@@ -47,8 +47,9 @@ def run(d) -> GenerateOutput:
     n = W - 1
     # the prefill (the prompts' columns) and its proposals run eagerly; with compile, every later step
     # (model call, processors, proposal) is one compiled function over fixed shapes
-    step = CompiledNTPStep(d, d.compile_backend) if d.compile_backend else None
-    token, done, end, bad, flags = _eager_step(d, d.ntp_logits(W, n), n, done, end)
+    logits = d.ntp_logits(W, n)
+    step = CompiledNTPStep(d, d.compile_backend, logits[:, 0]) if d.compile_backend else None
+    token, done, end, bad, flags = _eager_step(d, logits, n, done, end)
     while True:
         d.seqs[:, n + 1] = token
         n += 1
