@@ -154,3 +154,27 @@ def test_compiled_step_inductor():
     for cfg in (SamplingConfig(**pen), SamplingConfig(**pen, temperature=0.9, top_k=8, top_p=0.9, seed=2)):
         eager, compiled, ref = decode_all(model, ids, mask, cfg, backend="inductor")
         assert torch.equal(compiled.sequences, eager.sequences) and torch.equal(compiled.sequences, ref.sequences)
+
+
+def _lz_matcher_uses_argmin() -> bool:
+    import inspect
+
+    from rpt.sampling import lz
+
+    return ".argmin(" in inspect.getsource(lz.lz_match_lengths)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_lz_matcher_uses_argmin(), reason=(
+    "torch 2.13's inductor CPU argmin over a uint8 tensor returns 0, so an LZ matcher built on "
+    "view(uint8).argmin gives wrong penalties inside a compiled step; issue-22lz's matcher uses a max"))
+def test_compiled_step_inductor_with_lz():
+    """The LZ and repetition penalties inside the inductor-compiled step: the eager and reference tokens,
+    greedy and sampled with top-k / top-p."""
+    torch._dynamo.reset()
+    model = rpt_model(2).float()
+    ids, mask = prompts(2, seed=8)
+    pen = dict(repetition_penalty=1.3, lz_penalty=0.5, lz_window=16, eos_token_id=[], max_new_tokens=40)
+    for cfg in (SamplingConfig(**pen), SamplingConfig(**pen, temperature=0.9, top_k=8, top_p=0.9, seed=2)):
+        eager, compiled, ref = decode_all(model, ids, mask, cfg, backend="inductor")
+        assert torch.equal(compiled.sequences, eager.sequences) and torch.equal(compiled.sequences, ref.sequences)
