@@ -80,15 +80,17 @@ def per_step(fn, clock: ForwardClock) -> tuple[float, float]:
 def measure(model: RPTForCausalLM, batch: int, args) -> dict[str, float]:
     prompt = torch.randint(0, MICRO["vocab_size"], (batch, args.prompt_tokens),
                            generator=torch.Generator().manual_seed(batch))
-    configs = {"ntp": SamplingConfig(max_new_tokens=args.new_tokens, eos_token_id=[]),
+    sampling = dict(temperature=args.temperature, seed=0)
+    configs = {"ntp": SamplingConfig(max_new_tokens=args.new_tokens, eos_token_id=[], **sampling),
                "rpt": SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=1, rpt_window=2, confidence=0.9,
-                                     eos_token_id=[])}
+                                     eos_token_id=[], **sampling)}
+    hf_sampling = dict(do_sample=True, temperature=args.temperature, top_k=0) if args.temperature else dict(do_sample=False)
     clock = ForwardClock(model.lm)  # the base model: both decoders' calls, and HF's, pass through it
     runs = {
         "ntp": lambda: generate(model, prompt, configs["ntp"]),
         "rpt": lambda: generate(model, prompt, configs["rpt"]),
         "hf": lambda: model.lm.generate(prompt, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                        do_sample=False, pad_token_id=0),
+                                        pad_token_id=0, **hf_sampling),
     }
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for fn in runs.values():  # warm-up
@@ -97,7 +99,10 @@ def measure(model: RPTForCausalLM, batch: int, args) -> dict[str, float]:
         for name, fn in runs.items():
             samples[name].append(per_step(fn, clock))
     clock.remove()
-    out = {}
+    stats = runs["rpt"]().stats
+    # how often a step holds an event the greedy flat step hands to the per-row driver (an accepted correction)
+    out = {"rpt_calls_per_token": stats["forward_passes"] * batch / stats["new_tokens"],
+           "rpt_corrections_per_token": stats["corrections"] / stats["new_tokens"]}
     for name, pairs in samples.items():
         out[f"{name}_total"] = statistics.median(t for t, _ in pairs)
         out[f"{name}_host"] = statistics.median(t - f for t, f in pairs)
@@ -111,6 +116,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy (default); > 0: sampled NTP and RPT (seed 0), and HF sampling (top_k=0)")
     ap.add_argument("--wall", action="store_true", help="wall-clock time instead of this thread's CPU time")
     args = ap.parse_args()
     global CLOCK
@@ -119,13 +126,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = micro_model()
     rows = {b: measure(model, b, args) for b in args.batches}
-    print(f"micro Llama (1 layer, 16 wide, V=4096), greedy, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
+    mode = f"temperature {args.temperature}" if args.temperature else "greedy"
+    print(f"micro Llama (1 layer, 16 wide, V=4096), {mode}, prompt {args.prompt_tokens}, {args.new_tokens} new tokens, "
           f"{args.threads} thread(s), median of {args.repeats} alternated runs; us per model call "
           f"({'wall clock' if args.wall else 'thread CPU time'})")
-    print(f"{'batch':>5} {'NTP host':>9} {'RPT host':>9} {'NTP total':>10} {'HF total':>9} {'HF host':>8}")
+    print(f"{'batch':>5} {'NTP host':>9} {'RPT host':>9} {'NTP total':>10} {'HF total':>9} {'HF host':>8} "
+          f"{'RPT calls/tok':>14} {'corr/tok':>9}")
     for b, r in rows.items():
         print(f"{b:>5} {r['ntp_host']:9.0f} {r['rpt_host']:9.0f} {r['ntp_total']:10.0f} {r['hf_total']:9.0f} "
-              f"{r['hf_host']:8.0f}")
+              f"{r['hf_host']:8.0f} {r['rpt_calls_per_token']:14.3f} {r['rpt_corrections_per_token']:9.4f}")
     first, last = rows[min(rows)], rows[max(rows)]
     print(f"host growth batch {max(rows)} / batch {min(rows)}: NTP {last['ntp_host'] / first['ntp_host']:.2f}, "
           f"RPT {last['rpt_host'] / first['rpt_host']:.2f} (goal <= 2.5)")

@@ -7,9 +7,12 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
 1. ``corpus``   -- the Python standard library of this interpreter, split by file; a BPE tokenizer.
 2. ``ar_c``     -- pretrain a tiny Llama with NTP (the paper's AR-C).
 3. ``ar_f`` / ``rpt`` -- from AR-C, continue NTP (AR-F) and, side by side, fine-tune with the RPT
-   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.1, lr 3e-3; AR-F gets the same lr);
-   every evaluation reads the whole validation split.
-4. ``losses``   -- validation NTP loss of AR-F and of the RPT model, PTP-1 / PTP-2 of the RPT model.
+   objective (configs/tiny_finetune.yaml: w = 2, s = 0.5, q = 0.15, lr 3e-3; AR-F gets the same lr),
+   400 steps each, once per training seed (``--finetune-seeds``, default 0 and 1; the second
+   seed's runs are ``ar_f_seed1`` / ``rpt_seed1``); every evaluation reads the whole validation split.
+4. ``seed_study`` -- validation NTP loss of AR-F and of the RPT model, PTP-1 of the RPT model, and
+   the differences (RPT - AR-F NTP, PTP-1 - NTP) with intervals over training seeds and over
+   validation batches (rpt.evaluation.seeds). Later stages evaluate the first seed's RPT model.
 5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2), with
    the paper's sampler (greedy PTP, confidence 0.9) and, beside it, eq. 4 with sampled PTP.
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rpt.evaluation.report import markdown_table, write_json
+from rpt.evaluation.seeds import seed_study
 from rpt.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +158,25 @@ WHOLE_VALIDATION = "eval_batches=100000"
 def _train_cmd(out: Path, name: str, config: str, steps: int, *overrides: str) -> list[str]:
     return [sys.executable, "train.py", "--config", config, f"output_dir={out / name}", f"max_steps={steps}",
             WHOLE_VALIDATION, *overrides]
+
+
+def fine_tune_name(arm: str, seed: int, seeds: list[int]) -> str:
+    """``ar_f`` / ``rpt`` for the first seed (the run every later stage evaluates), ``<arm>_seed<s>`` after."""
+    return arm if seed == seeds[0] else f"{arm}_seed{seed}"
+
+
+def fine_tune_commands(out: Path, ar_c: str, steps: int, seeds: list[int]) -> dict[str, list[str]]:
+    """AR-F and the RPT fine-tune from AR-C, once per training seed (the arms of one seed share its
+    data order, so their difference is paired)."""
+    common = (f"init_from={ar_c}", "tokenizer=null", f"eval_every={steps}")
+    commands = {}
+    for seed in seeds:
+        commands[fine_tune_name("ar_f", seed, seeds)] = _train_cmd(
+            out, fine_tune_name("ar_f", seed, seeds), "configs/tiny_pretrain.yaml", steps, *common, f"seed={seed}",
+            "lr=3e-3", "warmup_steps=20")  # = the fine-tune's lr and warm-up
+        commands[fine_tune_name("rpt", seed, seeds)] = _train_cmd(
+            out, fine_tune_name("rpt", seed, seeds), "configs/tiny_finetune.yaml", steps, *common, f"seed={seed}")
+    return commands
 
 
 def _train(out: Path, name: str, config: str, steps: int, *overrides: str, threads: int | None = None) -> dict:
@@ -282,6 +305,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "error_analysis_proper_scores": proper_scores(ea),
         **({"sampled_ptp_proper_scores": proper_scores(r["error_analysis_sampled"])} if "error_analysis_sampled" in r else {}),
         **({"theory_test": theory_summary(r["theory_test"])} if "theory_test" in r else {}),
+        **({"seed_study": r["seed_study"]} if "seed_study" in r else {}),
         "controlled_experiment": controlled_summary(r["controlled"]),
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         "stage_seconds": stages.seconds,
@@ -311,6 +335,7 @@ def render_markdown(rep: dict, out: Path) -> str:
             ["RPT (AR-C + RPT fine-tune)", rep["steps"]["ar_c"] + rep["steps"]["rpt"], f(rep["ntp_loss"]),
              f(rep["ptp_loss"][0]), f(rep["ptp_loss"][1])],
         ]),
+        *(_seed_markdown(rep["seed_study"], rep["steps"]["rpt"]) if "seed_study" in rep else []),
         "![RPT fine-tune losses](rpt/loss_curves.png)", "",
         f"## Error analysis (Table 2): mean TV error 1 - p_k(x_i) after k RPT iterations (w = 2), "
         f"{rep['error_analysis_positions']} validation positions, estimator: {rep['error_analysis_estimator']}", "",
@@ -342,6 +367,18 @@ def render_markdown(rep: dict, out: Path) -> str:
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _seed_markdown(study: dict, steps: int) -> list[str]:
+    f = lambda x: "" if x is None else f"{x:+.4f}"  # noqa: E731
+    ci = lambda c: "" if c is None else f"[{c[0]:+.4f}, {c[1]:+.4f}]"  # noqa: E731
+    rows = [[what, ", ".join(f(d) for d in c["per_seed"]), f(c["mean"]), ci(c["ci95_seeds"]), ci(c["ci95_batches"]),
+             c["observed_sign"]] for what, c in (("RPT NTP - AR-F NTP", study["ntp_gap"]),
+                                                  ("RPT PTP-1 - RPT NTP", study["ptp1_minus_ntp"]))]
+    return [f"Over training seeds {', '.join(map(str, study['seeds']))} ({steps} fine-tune steps each; the table "
+            "above is the first seed's; rpt.evaluation.seeds says how each interval is made):", "",
+            markdown_table(["difference (nats/token)", "per seed", "mean", "95% CI over seeds (t)",
+                            "95% CI over validation batches", "observed sign"], rows)]
 
 
 def _proper_markdown(rep: dict) -> list[str]:
@@ -453,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/demo")
     ap.add_argument("--pretrain-steps", type=int, default=400)
-    ap.add_argument("--finetune-steps", type=int, default=800)
+    ap.add_argument("--finetune-steps", type=int, default=400)
+    ap.add_argument("--finetune-seeds", type=int, nargs="+", default=[0, 1],
+                    help="training seeds of AR-F and the RPT fine-tune (intervals over seeds need >= 2; "
+                         "later stages evaluate the first seed's RPT model)")
     ap.add_argument("--error-positions", type=int, default=2000)
     ap.add_argument("--repetition-prompts", type=int, default=32)
     ap.add_argument("--repetition-tokens", type=int, default=192)
@@ -464,14 +504,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controlled-followup", action="store_true",
                     help="also run the controlled experiment's follow-up (docs/controlled_experiment.md)")
     args = ap.parse_args(argv)
+    if len(set(args.finetune_seeds)) != len(args.finetune_seeds):
+        ap.error(f"--finetune-seeds {' '.join(map(str, args.finetune_seeds))} repeats a seed: give distinct seeds")
     out = Path(args.out)
     stages = Stages(out)
     t0 = time.perf_counter()
 
     # The schedule keeps both cores busy with one-thread processes (a model this small gains
     # little from a second thread): the controlled experiment, which needs nothing else, runs
-    # beside the corpus and AR-C; AR-F beside the RPT fine-tune; the repetition study beside the
-    # other evaluations.
+    # beside the corpus and AR-C; the fine-tunes of every seed (AR-F and RPT) and the theory test
+    # together; the repetition study beside the other evaluations.
     controlled_json = out / "controlled" / "controlled.json"
     controlled = stages.start("controlled", [sys.executable, "eval/controlled.py", "--parallel", "1",
                                              "--out", str(controlled_json)],
@@ -483,14 +525,12 @@ def main(argv: list[str] | None = None) -> int:
         ar_c = stages("ar_c", lambda: _train(out, "ar_c", "configs/tiny_pretrain.yaml", args.pretrain_steps,
                                              f"eval_every={args.pretrain_steps}", threads=1))
         theory = _start_theory_test(out, stages, args)
-        common = (f"init_from={ar_c['final']}", "tokenizer=null", f"eval_every={args.finetune_steps}")
-        fine_tunes = {
-            "ar_f": _train_cmd(out, "ar_f", "configs/tiny_pretrain.yaml", args.finetune_steps, *common,
-                               "lr=3e-3", "warmup_steps=20"),  # = the fine-tune's lr and warm-up
-            "rpt": _train_cmd(out, "rpt", "configs/tiny_finetune.yaml", args.finetune_steps, *common),
-        }
+        fine_tunes = fine_tune_commands(out, ar_c["final"], args.finetune_steps, args.finetune_seeds)
         _side_by_side(stages, {name: (cmd, out / name / "train.log", lambda n=name: _train_result(out / n, args.finetune_steps))
                                for name, cmd in fine_tunes.items()})
+        stages("seed_study", lambda: seed_study({arm: [out / fine_tune_name(arm, s, args.finetune_seeds)
+                                                       for s in args.finetune_seeds] for arm in ("ar_f", "rpt")},
+                                                args.finetune_seeds))
         _evaluations(out, stages, args, stages.results["rpt"]["final"])
         stages.finish("controlled", controlled)
         stages.finish("theory_test", theory)

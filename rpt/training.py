@@ -168,7 +168,9 @@ def eval_batches(cfg: TrainConfig, rows: torch.Tensor, index: int) -> list[RPTBa
     sequence permuted (s = 1) with a generator fixed by ``index``, so evaluations compare."""
     batches = [ntp_batch(rows, num_inputs=cfg.seq_len)]
     if cfg.objective == "rpt":
-        gen = torch.Generator().manual_seed(cfg.seed + 7919 * (index + 1))
+        # Not seeded by cfg.seed: runs with different training seeds are scored on the same PTP
+        # targets, so their difference is the training's alone.
+        gen = torch.Generator().manual_seed(7919 * (index + 1))
         rpt = make_rpt_batch(rows, cfg.window, 1.0, cfg.q, generator=gen, num_inputs=cfg.seq_len)
         rpt.labels = rpt.labels.masked_fill(rpt.kinds == 0, IGNORE_INDEX)  # NTP comes from the unpermuted pass
         batches.append(rpt)
@@ -184,23 +186,38 @@ def eval_assignment(n_batches: int, world: int, rank: int) -> list[int | None]:
 
 
 @torch.no_grad()
-def evaluate(model, cfg: TrainConfig, val, accelerator) -> dict[str, float]:
-    """Validation losses over the first ``eval_batches`` micro-batches of the validation set."""
+def evaluate(model, cfg: TrainConfig, val, accelerator) -> tuple[dict[str, float], dict[str, Any]]:
+    """Validation losses over the first ``eval_batches`` micro-batches of the validation set, and
+    the per-batch CE sums and target counts by kind (``{"batch": [...], "sum": [[...]], "count":
+    [[...]]}``, every rank's batches, in batch order): what intervals over validation batches need."""
     model.eval()
     world, rank = accelerator.num_processes, accelerator.process_index
-    meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
+    window = accelerator.unwrap_model(model).window
+    meter = LossMeter(window, accelerator.device)
     mbs = cfg.micro_batch_size
-    for b in eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / mbs)), world, rank):
+    assigned = eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / mbs)), world, rank)
+    # per assigned batch: its index (-1: padding), then CE sums and target counts by kind
+    table = torch.zeros(len(assigned), 1 + 2 * window, dtype=torch.float64, device=accelerator.device)
+    for i, b in enumerate(assigned):
         rows = val.sequential(mbs, start=(b or 0) * mbs)
+        before_sums, before_counts = meter.sums.clone(), meter.counts.clone()
         for batch in eval_batches(cfg, rows, b or 0):
             if b is None:  # padding: every label masked, so the forward adds nothing
                 batch.labels.fill_(IGNORE_INDEX)
             meter.add(forward(model, batch.to(accelerator.device)))
+        table[i, 0] = -1 if b is None else b
+        table[i, 1: 1 + window] = meter.sums - before_sums
+        table[i, 1 + window:] = meter.counts - before_counts
     model.train()
     metrics = meter.reduce(accelerator, prefix="eval_")
     metrics.pop("eval_loss", None)
     metrics["eval_loss"] = metrics["eval_ntp_loss"]
-    return metrics
+    every = accelerator.gather(table).cpu()  # one collective: [world * per_rank, 1 + 2 * window]
+    every = every[every[:, 0] >= 0]
+    every = every[every[:, 0].argsort()]
+    per_batch = {"batch": every[:, 0].long().tolist(), "sum": every[:, 1: 1 + window].tolist(),
+                 "count": every[:, 1 + window:].tolist(), "kinds": ["ntp"] + [f"ptp_{k}" for k in range(1, window)]}
+    return metrics, per_batch
 
 
 def peak_memory_all_ranks(accelerator) -> float:
@@ -431,7 +448,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             meter.reset()
         # Its own schedule: evaluating only on logged steps skipped eval_every steps log_every misses.
         if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-            row = {"step": step, **row, **evaluate(model, cfg, val, accelerator)}
+            metrics, per_batch = evaluate(model, cfg, val, accelerator)
+            row = {"step": step, **row, **metrics}
+            if main:  # the latest evaluation's per-batch sums (intervals over validation batches)
+                write_json_atomic(os.path.join(cfg.output_dir, "eval_batches.json"), {"step": step, **per_batch})
         if row:
             if main:
                 metrics_log.write(row)

@@ -210,6 +210,32 @@ def test_incremental_decode_loop_equals_definition(monkeypatch, window, buffer, 
                                    -lz_penalty(buf[:, prompt:t + 1], vocab, window, buffer))
 
 
+@pytest.mark.parametrize("window,buffer,period,prompt", [
+    (16, 4, 3, 2),  # the window fills at 16 generated tokens; its 4 lead columns exist from 20 on
+    (12, 8, 1, 9),  # one token repeated, prompt included: matches always reach out of the window
+    (8, 20, 2, 0),  # B > W: the lead columns outnumber the window
+    (300, 260, 5, 30),  # B >= 256: the mismatch depth no longer fits uint8
+])
+def test_processor_decode_across_the_window_edge_equals_definition(window, buffer, period, prompt):
+    """A decode growing one token a call: before the window fills (padded lead columns), when it just
+    fills (prompt columns ahead of it, which must not count as window tokens), and long after
+    (the B older tokens read in place). Periodic text that continues through the prompt makes any
+    match reaching past the window's first token visible."""
+    gen = torch.Generator().manual_seed(window + buffer)
+    vocab, rows = 12, 2
+    steps = [1, 2, window - 1, window, window + 1, window + buffer - 1, window + buffer, window + buffer + 3]
+    seq = periodic(rows, prompt + max(steps), period, vocab, gen)
+    seq[1, prompt + window // 2] = (seq[1, prompt + window // 2] + 1) % vocab  # a glitch in one row
+    proc = LZPenaltyLogitsProcessor(0.7, window, buffer, prompt_length=prompt)
+    for n in steps:
+        ids = seq[:, :prompt + n]
+        scores = torch.randn(rows, vocab, generator=gen)
+        got = proc(ids, scores.clone())
+        for r in range(rows):
+            want = scores[r] - 0.7 * brute_lz(ids[r, prompt:].tolist(), vocab, window, buffer).float()
+            torch.testing.assert_close(got[r], want, msg=f"{n} generated tokens, row {r}")
+
+
 def test_processor_per_row_prompt_length_and_include_prompt():
     gen = torch.Generator().manual_seed(4)
     vocab = 40
@@ -330,6 +356,21 @@ def test_inside_hf_generate():
         return len(set(seq[5:].tolist()))
 
     assert sum(map(distinct, outs[2.0])) > sum(map(distinct, plain))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt_length", [3, torch.tensor([3, 5, 0, 30])])
+def test_processor_compiles_to_one_graph(prompt_length):
+    """``torch.compile(fullgraph=True)`` traces the default processor (no graph break: no host
+    read, static shapes) and gives the eager result before, at and past the window's edge."""
+    proc = LZPenaltyLogitsProcessor(0.5, 16, 4, prompt_length=prompt_length)
+    compiled = torch.compile(proc.__call__, fullgraph=True, dynamic=False)
+    gen = torch.Generator().manual_seed(6)
+    for width in (10, 19, 40):
+        ids = periodic(4, width, 3, 20, gen)
+        ids[1, 2] = 45  # an id the logits cannot hold
+        scores = torch.randn(4, 40, generator=gen)
+        torch.testing.assert_close(compiled(ids, scores.clone()), proc(ids, scores.clone()))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

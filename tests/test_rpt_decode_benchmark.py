@@ -51,3 +51,16 @@ def test_script_reports_ratios_calls_and_ceiling():
     assert value("ceiling") > 0
     calls = next(line for line in lines if line.startswith("ratio rpt/ntp")).split("calls per new token:")[1]
     assert 0.9 < float(calls.split()[0]) < 3  # per row position: about one call per new token
+
+
+def test_host_overhead_script_runs_sampled_decodes():
+    """``benchmarks/host_overhead.py --temperature``: sampled NTP, RPT and HF runs are timed, and the
+    RPT run reports its calls and accepted corrections per new token."""
+    import argparse
+
+    bench = load_script("benchmarks/host_overhead.py")
+    args = argparse.Namespace(prompt_tokens=8, new_tokens=6, repeats=1, temperature=1.0)
+    row = bench.measure(bench.micro_model(), 2, args)
+    assert all(row[f"{name}_total"] > 0 for name in ("ntp", "rpt", "hf"))
+    assert 0.9 < row["rpt_calls_per_token"] < 3
+    assert 0 <= row["rpt_corrections_per_token"] <= 1  # at most one accepted correction per position (k = 1, w = 2)

@@ -118,3 +118,60 @@ def test_nan_logits_in_a_flat_step_raise_naming_the_row(models):
     finally:
         hook.remove()
     assert len(calls) == 5
+
+
+SAMPLED_CASES = [  # (k, batch, temperature, window): k = 2 is not flat (a redraw feeds the next sweep)
+    (1, 1, 0.5, 2), (1, 3, 1.0, 3), (1, 8, 2.0, 2), (1, 8, 1.0, 3), (1, 3, 2.0, 2), (1, 1, 1.0, 3),
+    (2, 3, 1.0, 2), (2, 8, 0.5, 3),
+]
+
+
+@pytest.mark.parametrize("case", range(len(SAMPLED_CASES)))
+def test_sampled_flat_step_equals_reference_and_per_row_driver(models, monkeypatch, case):
+    """Sampled RPT (temperature > 0): the flat step (k = 1) gives the reference's tokens, corrections
+    and finish reasons, and the per-row driver's calls, over seeds, temperatures, confidences that
+    correct often or never, sampled or greedy PTP, penalties (LZ included, on PTP too or not), top-k /
+    top-p, an EOS met mid-way, ragged rows."""
+    k, batch, temperature, window = SAMPLED_CASES[case]
+    rng = random.Random(100 + case)
+    lengths = tuple(rng.randrange(3, 11) for _ in range(batch))
+    ids, mask = prompts(batch, lengths=lengths, seed=case)
+    cfg = SamplingConfig(
+        max_new_tokens=rng.choice([6, 14]) if k == 1 else 6, rpt_iters=k, rpt_window=window, temperature=temperature,
+        seed=case,
+        confidence=rng.choice([0.0, 0.05, 0.3, 0.9]), top_k=rng.choice([0, 8]), top_p=rng.choice([1.0, 0.9]),
+        ptp_greedy=case % 2 == 1, repetition_penalty=rng.choice([1.0, 1.3]), frequency_penalty=rng.choice([0.0, 0.5]),
+        lz_penalty=rng.choice([0.0, 0.5]), lz_window=16, penalize_ptp=rng.random() < 0.5, eos_token_id=[])
+    if case % 3 != 2:  # an EOS the sampled decode meets: a token it settles on mid-way
+        cfg.eos_token_id = generate(models[window], ids, cfg, attention_mask=mask).generated(0)[rng.randrange(1, 5)]
+    runs = []
+    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    fast = generate(models[window], ids, cfg, attention_mask=mask)
+    assert bool(runs) == (k == 1)  # sampled k = 1 takes the flat step; k = 2 stays per row
+    ref = generate_reference(models[window], ids, cfg, attention_mask=mask)
+    rows = per_row_driver(monkeypatch, models[window], ids, cfg, mask)
+    assert torch.equal(fast.sequences, ref.sequences) and torch.equal(fast.sequences, rows.sequences)
+    assert fast.finish_reasons == ref.finish_reasons == rows.finish_reasons
+    assert fast.stats["corrections"] == ref.stats["corrections"] == rows.stats["corrections"]
+    assert fast.stats["forward_passes"] == rows.stats["forward_passes"]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_sampled_per_row_python_only_at_events(models, monkeypatch, temperature):
+    """Sampled k = 1, confidence 1 (nothing is accepted, but x_t is redrawn after every sweep): the
+    rows' programs are resumed a bounded number of times, and the tokens are the per-row driver's;
+    a batched row equals that row alone with its seed."""
+    ids, mask = prompts(3, seed=4)
+    cfg = SamplingConfig(max_new_tokens=30, rpt_iters=1, rpt_window=3, confidence=1.0, temperature=temperature,
+                         top_p=0.95, seed=7, eos_token_id=[])
+    sends = []
+    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
+    flat = generate(models[3], ids, cfg, attention_mask=mask)
+    flat_sends, sends[:] = len(sends), []
+    rows = per_row_driver(monkeypatch, models[3], ids, cfg, mask)
+    assert torch.equal(flat.sequences, rows.sequences)
+    assert flat_sends <= 3 * 3 and len(sends) >= 3 * 29
+    assert len({tuple(flat.generated(b)) for b in range(3)}) == 3
+    for b in range(3):
+        single = generate(models[3], ids[b: b + 1, mask[b].argmax():], cfg, row_seeds=[flat.row_seeds[b]])
+        assert single.generated(0) == flat.generated(b)

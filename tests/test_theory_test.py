@@ -193,3 +193,7 @@ def test_markdown_tables_cover_scores_and_losses(truth):
     headers = [h[0] for h, _ in tables]
     assert headers == ["q", "q", "crossover", "q", "q"]
     assert tables[-1][1][0][-1] == "0.0100"  # PTP-1 - NTP
+    # the scores table does not depend on the sweep having recorded losses
+    del a["losses"]
+    tables = tt.markdown_tables(tt.summarise(cross, [a], {0.3: [res["tv"]]}))
+    assert [h[0] for h, _ in tables] == ["q", "q", "crossover", "q"] and "Brier, k 0 -> 1" in tables[-1][0]

@@ -33,9 +33,15 @@ def test_train_end_to_end_writes_everything(tmp_path):
     assert [r["step"] for r in evals] == [5, 10]
     assert evals[-1]["eval_ntp_loss"] < evals[0]["eval_ntp_loss"]
     assert evals[-1]["eval_ptp_loss_1"] is not None
+    # the latest evaluation's per-batch sums add up to its logged means (intervals over batches)
+    per_batch = json.loads((tmp_path / "run" / "eval_batches.json").read_text())
+    assert per_batch["step"] == 10 and per_batch["batch"] == sorted(set(per_batch["batch"]))
+    sums, counts = (torch.tensor(per_batch[k], dtype=torch.float64) for k in ("sum", "count"))
+    for kind, key in enumerate(("eval_ntp_loss", "eval_ptp_loss_1", "eval_ptp_loss_2")):
+        assert float(sums[:, kind].sum() / counts[:, kind].sum()) == pytest.approx(evals[-1][key], rel=1e-9)
     assert rows[-1]["loss"] < rows[0]["loss"]
     # keep_last=2 checkpoints, final/ loadable with its tokenizer, the loss plot
-    assert sorted(os.listdir(run)) >= ["checkpoint-10", "checkpoint-5", "config.yaml", "final"]
+    assert {"checkpoint-10", "checkpoint-5", "config.yaml", "final", "eval_batches.json"} <= set(os.listdir(run))
     model = RPTForCausalLM.from_pretrained(run / "final")
     assert model.window == 3
     from transformers import AutoTokenizer
@@ -91,7 +97,8 @@ def test_killed_run_resumes_exactly(tmp_path, data):
 
 def test_two_process_ddp_matches_single_process(tmp_path):
     pytest.importorskip("accelerate")
-    cfg = write_config(tmp_path, max_steps=4, save_every=100, eval_batches=0, micro_batch_size=2)
+    # 3 validation batches on 2 ranks: one rank runs a padding forward
+    cfg = write_config(tmp_path, max_steps=4, save_every=100, eval_batches=3, eval_every=4, micro_batch_size=2)
     single = run_train(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2")
     assert single.returncode == 0, single.stderr[-3000:]
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
@@ -108,6 +115,11 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     for step in a:
         assert a[step] == pytest.approx(b[step], rel=1e-4)
+    # evaluation split over the ranks: the same batches, each once, the same sums
+    one, two = (json.loads((tmp_path / name / "eval_batches.json").read_text()) for name in ("single", "ddp"))
+    assert one["batch"] == two["batch"] == [0, 1, 2]
+    assert torch.tensor(two["sum"]) == pytest.approx(torch.tensor(one["sum"]), rel=1e-4)
+    assert two["count"] == one["count"]
 
 
 def test_ntp_objective_equals_base_model_labels_loss(tmp_path):

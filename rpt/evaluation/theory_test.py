@@ -278,7 +278,7 @@ def markdown_tables(summary: dict) -> list[tuple[list[str], list[list]]]:
     return [(["q", "seed", "r", "TV0", "TV1", "TV1-TV0 95% CI (contexts)", "TV1/TV0", "own shrunk-curve r*",
               "predicted sign", "observed sign"], rows),
             (["q", "mean r", "TV0", "TV1", "TV1-TV0", "95% CI (contexts x seeds)", "per seed", "observed sign"], pooled),
-            (["crossover", "r*"], [[k, f(v)] for k, v in summary["crossover"].items()])] + _loss_table(summary)
+            (["crossover", "r*"], [[k, f(v)] for k, v in summary["crossover"].items()])] + _score_table(summary) + _loss_table(summary)
 
 
 def _score_table(summary: dict) -> list:
@@ -306,7 +306,7 @@ def _loss_table(summary: dict) -> list:
     if not arms:
         return []
     f = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
-    return _score_table(summary) + [(["q", "seed", "val NTP loss", "val PTP-1 loss", "PTP-1 - NTP"],
+    return [(["q", "seed", "val NTP loss", "val PTP-1 loss", "PTP-1 - NTP"],
              [["NTP arm" if a["q"] is None else a["q"], a["seed"], f(a["losses"].get("eval_ntp_loss")),
                f(a["losses"].get("eval_ptp_loss_1")),
                f(a["losses"]["eval_ptp_loss_1"] - a["losses"]["eval_ntp_loss"]) if a["losses"].get("eval_ptp_loss_1") else ""]

@@ -32,7 +32,7 @@ driver has, unless the sweep changes the prefix): the call feeds that value at c
 the current one, so its logits at n are already those the next position needs.
 
 **Batch-flat steps.** Plain NTP runs :mod:`rpt.sampling.ntp_path` instead of this loop; greedy RPT
-hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
+(and sampled RPT with k = 1) hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.rpt_path` whenever every
 row has settled a column, and gets the rows back, with the call already made, at the first event.
 """
 
@@ -198,7 +198,7 @@ class _Decoder:
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
-        self.flat = rpt_path.eligible(self)  # greedy RPT: common steps batch-flat (rpt_path)
+        self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
         self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
@@ -386,14 +386,21 @@ class _Decoder:
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
         self._deliver(live, vals, block, chains, n)
 
-    def call_block(self, n: int) -> tuple[_Block, torch.Tensor]:
-        """The call of a greedy common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's
-        ``x_n`` and one PTP chain per lag of the window; its block and proposals (on the device)."""
+    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
+        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's ``x_n``
+        and one PTP chain per lag of the window; its block and proposals (on the device). ``guess``
+        (sampled, k = 1): ``[batch]`` x_n after an unchanged sweep, fed at column n as :meth:`_ids` feeds
+        a row's guess (the chains keep ``x_n``); the sweep's draws are keyed by iteration 1."""
         block = _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
                        keep_prev=False)
         pattern = self._pattern(block)
         ids = self.seqs.index_select(1, pattern.src + n)
-        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, None, n)
+        if guess is not None:
+            ids[:, block.region - 1] = guess
+        its = None
+        if block.lags and not self.proposer.ptp_samples_greedy:
+            its = torch.ones((len(block.lags), ids.shape[0]), dtype=torch.long, device=self.device)
+        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, its, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
@@ -418,7 +425,7 @@ class _Decoder:
                 break
             if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
                 self._round(live, n)
-            elif self.flat:  # greedy RPT: common steps batch-flat until some row needs its program
+            elif self.flat:  # common steps batch-flat (rpt_path) until some row needs its program
                 n = rpt_path.run(self, n)
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1

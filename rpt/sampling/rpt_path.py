@@ -1,23 +1,31 @@
-r"""The batch-flat common step of greedy RPT (``rpt_iters >= 1``, ``temperature == 0``): host work that
-does not grow with the batch while nothing happens.
+r"""The batch-flat common step of RPT (``rpt_iters >= 1``): host work that does not grow with the batch
+while nothing happens. Greedy (``temperature == 0``, any k) and sampled with one iteration (k = 1).
 
 The per-row driver (:mod:`rpt.sampling.fast_decoder`) resumes every row's program
 (:func:`rpt.sampling.algorithm.decode_row`) at every step: tens of microseconds of Python per row.
-In a greedy decode the common step is the same for every row: the NTP proposal ``x_m`` (known from
-the previous call) is appended, the sweep over the window finds no accepted proposal that differs
-from the current token, so the iterations end (greedy: a repeat would change nothing), the position
-settles without a stop, and the next proposal is the argmax at ``m``. Here that step is a fixed run
-of tensor operations around the call the per-row driver would make (the same query block, the same
-:class:`~rpt.sampling.proposals.Proposer`, so the same tokens), with one device-to-host transfer:
-whether any row's logits are NaN / inf, and whether any live row has an *event* -- an accepted
-correction, an EOS, or its last position.
+The common step is the same for every row. Greedy: the NTP proposal ``x_m`` (known from the
+previous call) is appended, the sweep over the window finds no accepted proposal that differs from
+the current token, so the iterations end (greedy: a repeat would change nothing), the position
+settles without a stop, and the next proposal is the argmax at ``m``. Sampled, k = 1: ``x_m`` is the
+iteration-0 draw (known from the previous call, as is the iteration-1 draw: both are keyed draws
+from the same logits); the sweep's PTP draws (keyed by iteration 1) are rejected or equal the
+current tokens, so nothing changes, and eq. 4's re-proposal of ``x_m`` is the iteration-1 draw,
+which the call already fed at column m (as the per-row driver's speculation does), so its logits
+give the next position's two draws. At the first position (no window) there is neither sweep nor
+re-proposal. k >= 2 sampled is not covered: a changed ``x_m`` needs a new call for the next sweep.
+
+Here that step is a fixed run of tensor operations around the call the per-row driver would make
+(the same query block, the same :class:`~rpt.sampling.proposals.Proposer` and keys, so the same
+tokens), with one device-to-host transfer: whether any row's logits are NaN / inf, and whether any
+live row has an *event* -- an accepted correction, an EOS (in the settled ``x_m``), or its last
+position.
 
 At an event the step is handed back unfinished: every live row gets a fresh program resumed at
 position ``m`` (:func:`~rpt.sampling.algorithm.decode_row` with ``start``), the driver's view of the
-cache (through ``m - 1``) and the proposal for ``m``, and the driver runs position ``m`` per row,
+cache (through ``m - 1``) and the proposals for ``m``, and the driver runs position ``m`` per row,
 reusing the call just made (:attr:`_Decoder.pending`), so an event costs no extra call. The driver
-hands over again once every live row has settled a column. Stop strings, token healing, a streamer
-and sampling (temperature > 0) stay with the per-row driver.
+hands over again once every live row has settled a column. Stop strings, token healing and a
+streamer stay with the per-row driver.
 """
 
 from __future__ import annotations
@@ -29,54 +37,63 @@ from rpt.sampling.proposals import raise_nonfinite
 
 
 def eligible(decoder) -> bool:
-    """Whether ``decoder``'s decode is greedy RPT with nothing that needs per-row Python every step."""
-    return (decoder.plan.k >= 1 and decoder.plan.w >= 2 and decoder.plan.deterministic and not decoder.config.stop
+    """Whether ``decoder``'s decode is RPT with a common step this module covers (greedy, or sampled
+    with one iteration) and nothing that needs per-row Python every step."""
+    plan = decoder.plan
+    return (plan.k >= 1 and plan.w >= 2 and (plan.deterministic or plan.k == 1) and not decoder.config.stop
             and not any(decoder.prompts.prefixes) and decoder.streamer is None)
 
 
-def _events(d, vals: torch.Tensor, lags: tuple[int, ...], top: int, m: int) -> torch.Tensor:
+def _events(d, vals: torch.Tensor, lags: tuple[int, ...], at: int, m: int) -> torch.Tensor:
     """``[batch]`` bool: rows whose sweep at column m accepts a proposal that differs from the token."""
     event = torch.zeros_like(vals[:, 0], dtype=torch.bool)
-    for i, lag in enumerate(lags):  # vals: nonfinite, the NTP proposal if top, then (token, accepted) per lag
-        token, accepted = vals[:, 1 + top + 2 * i], vals[:, 2 + top + 2 * i]
+    for i, lag in enumerate(lags):  # vals: nonfinite, the NTP draws if any (``at`` columns), then (token, accepted) per lag
+        token, accepted = vals[:, 1 + at + 2 * i], vals[:, 2 + at + 2 * i]
         event |= accepted.bool() & (token != d.seqs[:, m - lag])
     return event
 
 
 def run(d, n: int) -> int:
     """Common steps from the driver's state at column n (every live row has settled n and knows its
-    proposal for n + 1) until an event; returns the column the per-row driver goes on settling."""
+    proposals for n + 1) until an event; returns the column the per-row driver goes on settling."""
+    draws_per = d.proposer.ntp_draws  # 1 (greedy) or k + 1 = 2 (sampled): x_m's draw per iteration
     alive = torch.tensor([s.requests is not None for s in d.slots], device=d.device)
-    proposal = d._to_device([s.usable(n + 1, n)[0] if s.requests is not None else d.pad_id for s in d.slots])
+    draws = d._to_device([s.usable(n + 1, n) if s.requests is not None else [d.pad_id] * draws_per
+                          for s in d.slots])
     last, eos = d.last_cols, d.eos  # each row's last position's column; the EOS ids
     d._apply_writes()
     m = n + 1
     while True:
+        proposal = draws[:, 0]
         d.seqs[:, m] = torch.where(alive, proposal, d.seqs[:, m])
-        ends = (last <= m) | torch.isin(proposal, eos)  # x_m is the row's last token (if no sweep changes it)
+        # x_m once the sweep changes nothing: greedy, the proposal; sampled, sweep 1's redraw (none
+        # at the first position, which has no window)
+        final = draws[:, -1] if draws_per > 1 and m > d.W else proposal
+        ends = (last <= m) | torch.isin(final, eos)  # x_m is the row's last token (if no sweep changes it)
         # no window yet (the first position) and every row ends at m: the per-row driver makes no call
         # here, so neither may this (a host read, at the first position only)
         if m == d.W and not bool((alive & ~ends).any()):
-            _hand_over(d, proposal, m)
+            _hand_over(d, draws, m)
             return m
-        block, vals = d.call_block(m)
-        top = int(block.keep_top)
-        event = _events(d, vals, block.lags, top, m) | ends
+        block, vals = d.call_block(m, guess=None if final is proposal else final)
+        event = _events(d, vals, block.lags, draws_per * int(block.keep_top), m) | ends
         bad, stop = torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()]).tolist()  # one transfer
         if bad:
             raise_nonfinite([b for b, v in enumerate(vals[:, 0].tolist()) if v and d.slots[b].requests is not None])
         if stop:
-            _hand_over(d, proposal, m)
+            _hand_over(d, draws, m)
             d.pending = (m, block, vals)
             return m
-        proposal = vals[:, 1]
+        if final is not proposal:
+            d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
+        draws = vals[:, 1: 1 + draws_per]
         m += 1
 
 
-def _hand_over(d, proposal: torch.Tensor, m: int) -> None:
+def _hand_over(d, draws: torch.Tensor, m: int) -> None:
     """Give every live row back to the per-row driver at position ``m - pad`` (its tokens, a program
-    resumed there, the cache it has through column m - 1, its proposal for m)."""
-    seqs, proposal = d.seqs[:, :m].tolist(), proposal.tolist()
+    resumed there, the cache it has through column m - 1, its proposals ``[batch, draws]`` for m)."""
+    seqs, draws = d.seqs[:, :m].tolist(), draws.tolist()
     for s in d.slots:
         if s.requests is None:
             continue
@@ -88,4 +105,4 @@ def _hand_over(d, proposal: torch.Tensor, m: int) -> None:
         s.kv[s.low: m] = tokens[s.low: m]
         s.kv[m:] = [None] * (len(s.kv) - m)
         s.low = max(s.low, m - 1 - d.plan.w)
-        s.draws = {m: [proposal[s.index]]}
+        s.draws = {m: draws[s.index]}
