@@ -1,6 +1,7 @@
 """``generate(compile=True)`` over batches of many prompt widths: same tokens as eager, no fallback.
 
     python benchmarks/compile_widths.py --threads 2
+    python benchmarks/compile_widths.py --threads 2 --penalties   # + LZ and repetition penalties
 
 The 4-layer benchmark model (``benchmarks/rpt_decode.py``), 12 batches whose prompt widths all
 differ, for ``rpt_iters`` 0 and 1: each batch decoded eagerly and compiled (inductor), alternated.
@@ -8,7 +9,9 @@ The first call of a new shape pays its compilation (one graph per capacity bucke
 bucket), then each batch is timed ``--repeats`` times eager and compiled, alternated; the report is
 the speed ratio compiled / eager (median time) over the last six batches, whether every batch gave
 the eager tokens, the graphs dynamo compiled and whether it printed ``recompile_limit`` (past which
-it would silently run the step eagerly).
+it would silently run the step eagerly). ``--penalties`` adds the LZ penalty (alpha 0.15, W 64,
+B 16) and a repetition penalty of 1.2: with ``rpt_iters=0`` they run inside the compiled step
+(:mod:`rpt.sampling.compiled_ntp`), eagerly they are a run of small operations per step.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rpt-iters", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--penalties", action="store_true", help="add the LZ (alpha 0.15) and repetition (1.2) penalties")
     ap.add_argument("--widths", type=int, nargs="+", default=[5, 9, 13, 17, 21, 26, 31, 37, 44, 52, 61, 70])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -54,11 +58,12 @@ def main() -> None:
     logging.getLogger("torch._dynamo").addHandler(messages)
     model = build("tiny", "cpu", torch.float32)
     vocab = model.config.vocab_size
+    penalties = dict(lz_penalty=0.15, lz_window=64, lz_buffer=16, repetition_penalty=1.2) if args.penalties else {}
     print(f"4-layer benchmark model, batch {args.batch}, {args.new_tokens} new tokens, widths {args.widths}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, penalties {penalties or 'none'}")
     for k in args.rpt_iters:
         cfg = SamplingConfig(max_new_tokens=args.new_tokens, rpt_iters=k, rpt_window=2, confidence=0.9,
-                             eos_token_id=[])
+                             eos_token_id=[], **penalties)
         torch._dynamo.reset()
         counters.clear()
         same, rates = True, []

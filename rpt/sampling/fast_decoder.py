@@ -188,8 +188,12 @@ class _Decoder:
         self.speculate = not config.greedy
         scratch = config.rpt_window * (config.rpt_window - 1) // 2 if k else 0
         capacity = self.last + 2 + scratch + (8 if compile else 0)
+        self.compile_backend = (compile if isinstance(compile, str) else "inductor") if compile else None
         self.queries = ModelQueries(model, capacity, compile=bool(compile), compile_max_queries=8,
-                                    compile_backend=compile if isinstance(compile, str) else "inductor")
+                                    compile_backend=self.compile_backend or "inductor")
+        if compile and ntp_path.eligible(self):  # the compiled NTP step reads the layout at a fixed width
+            self.seqs = torch.nn.functional.pad(self.seqs, (0, self.queries.capacity - self.seqs.shape[1]),
+                                                value=self.pad_id)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []

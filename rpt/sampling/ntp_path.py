@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from rpt.sampling.compiled_ntp import CompiledNTPStep, settle
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposals import nonfinite, raise_nonfinite
 
@@ -30,29 +31,37 @@ def eligible(decoder) -> bool:
             and decoder.streamer is None)
 
 
+def _eager_step(d, logits: torch.Tensor, n: int, done: torch.Tensor, end: torch.Tensor):
+    """Propose every row's token for column n + 1 from its logits at n (as the compiled step does)."""
+    bad = nonfinite(logits) & ~done  # a finished row's logits (of its pad id) are never used
+    token = d.proposer.ntp(d.seqs[:, : n + 1], logits[:, 0], n + 1 - d.pads)[:, 0]
+    token, done, end = settle(d, token, n, done, end)
+    return token, done, end, bad, torch.stack([bad.any(), done.all()])
+
+
 def run(d) -> GenerateOutput:
     """Decode every row of the :class:`~rpt.sampling.fast_decoder._Decoder` ``d`` to its end."""
-    device, W, batch = d.device, d.W, len(d.prompts.rows)
-    last, eos = d.last_cols, d.eos  # the column of each row's last possible token; the EOS ids
-    end = last.clone()  # the column of each row's final token, once it is done
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    W, batch = d.W, len(d.prompts.rows)
+    end = d.last_cols.clone()  # the column of each row's final token, once it is done
+    done = torch.zeros(batch, dtype=torch.bool, device=d.device)
     n = W - 1
-    logits = d.ntp_logits(W, n)  # the prefill: the prompts' columns
+    # the prefill (the prompts' columns) and its proposals run eagerly; with compile, every later step
+    # (model call, processors, proposal) is one compiled function over fixed shapes
+    logits = d.ntp_logits(W, n)
+    step = CompiledNTPStep(d, d.compile_backend, logits[:, 0]) if d.compile_backend else None
+    token, done, end, bad, flags = _eager_step(d, logits, n, done, end)
     while True:
-        bad = nonfinite(logits) & ~done  # a finished row's logits (of its pad id) are never used
-        token = d.proposer.ntp(d.seqs[:, : n + 1], logits[:, 0], n + 1 - d.pads)[:, 0]
-        token = torch.where(done, d.pad_id, token)
         d.seqs[:, n + 1] = token
-        stop = ~done & ((last <= n + 1) | torch.isin(token, eos))
-        end = torch.where(stop, n + 1, end)
-        done |= stop
         n += 1
-        error, finished = torch.stack([bad.any(), done.all()]).tolist()  # the step's one transfer
+        error, finished = flags.tolist()  # the step's one transfer
         if error:
             raise_nonfinite(bad.nonzero()[:, 0].tolist())
         if finished:
             break
-        logits = d.ntp_logits(1, n)
+        if step is not None:
+            token, done, end, bad, flags = step(n, done, end)
+        else:
+            token, done, end, bad, flags = _eager_step(d, d.ntp_logits(1, n), n, done, end)
     counts = (end - W + 1).tolist()
     rows = d.seqs[:, W: W + max(counts)].tolist()
     generated = [row[:c] for row, c in zip(rows, counts)]

@@ -56,6 +56,15 @@ def first_argmax(scores: torch.Tensor) -> torch.Tensor:
     return chunk * 64 + inside
 
 
+def apply(procs: LogitsProcessorList, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``procs(context, scores)`` for processors that take those two arguments (all of ours): a plain
+    loop, because ``LogitsProcessorList.__call__`` reads each processor's ``inspect.signature``, which
+    dynamo cannot trace (a graph break inside the compiled step, :mod:`rpt.sampling.compiled_ntp`)."""
+    for proc in procs:
+        scores = proc(context, scores)
+    return scores
+
+
 def _probs(scores: torch.Tensor) -> torch.Tensor:
     # half-precision logits are softmaxed in float32; float32 / float64 stay as they are
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
@@ -87,7 +96,7 @@ class Proposer:
         """``[B, ntp_draws]``: proposals for the token at ``position`` (``[B]`` or int, each row's own
         position) after ``context`` ``[B, T]`` from its logits ``[B, V]``; column i is the draw of
         RPT iteration i (all equal when greedy). May overwrite ``logits``."""
-        scores = self.ntp_procs(context, logits) if self.ntp_procs else logits
+        scores = apply(self.ntp_procs, context, logits)
         if self.config.greedy:
             return first_argmax(scores)[:, None]
         u = uniforms(self.seeds, position, 0, NTP, draws=self.ntp_draws)
@@ -97,12 +106,12 @@ class Proposer:
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens, accepted)``, each ``[B]``: proposals for ``x_j`` with ``context = x_{<j}``, drawn for
         window position ``position`` (t), ``iteration`` and ``lag = t - j``. May overwrite ``logits``."""
-        scores = self.ptp_procs(context, logits) if self.ptp_procs else logits
+        scores = apply(self.ptp_procs, context, logits)
         probs = _probs(scores)
         if self.ptp_samples_greedy:  # the argmax and its probability
             tokens = first_argmax(probs)
             # the probability at the argmax is the row's maximum: a gather, not a second pass over V
             return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
-        warped = self.warpers(context, scores) if self.warpers else scores
+        warped = apply(self.warpers, context, scores)
         tokens = inverse_cdf(_probs(warped), uniforms(self.seeds, position, iteration, lag))[:, 0]
         return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
