@@ -3,7 +3,7 @@
 Each step the context grows by one token (steady state: the window is already full) and every call
 gets fresh logits (a different ``[batch, V]`` tensor, cycled over a pool larger than the CPU caches, as
 a model's new logits would be); we time, in
-one process, alternating step by step (in blocks on cuda) and taking medians:
+one process, each variant alternated step by step with ``sub_`` (in blocks on cuda), taking medians:
 
 * ``sub_``      : ``scores.sub_(x)``, one elementwise pass over the ``[batch, V]`` logits (the yardstick);
 * ``sub``       : ``scores - x``, the same out of place (a fresh ``[batch, V]`` tensor, like any
@@ -111,15 +111,26 @@ def run(kind: str, args: argparse.Namespace, device: torch.device) -> dict[str, 
     torch.testing.assert_close(proc(view(0), scores.clone()), check)
     for fn in fns.values():  # warm-up
         time_steps(fn, range(3), device)
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    # Alternate variants step by step (blocks on cuda, where timing needs a sync) so that load
-    # changes on a shared machine hit every variant alike; report medians.
+    # Alternate step by step (blocks on cuda, where timing needs a sync) so that load changes on a
+    # shared machine hit the compared variants alike; report medians. By default each variant is
+    # alternated with the yardstick alone (its ratio is to the sub_ timed beside it): interleaving
+    # every variant would charge "dense"'s [batch, V] temporaries, which evict the caches and TLB
+    # entries the processor's latency-bound gather needs, to the processor (2.1x instead of 1.1x
+    # at 2 threads, quiet machine). --interleave all reproduces that design.
     block = 1 if device.type == "cpu" else args.steps
-    for r in range(args.steps * args.rounds // block):
-        steps = range(r * block, (r + 1) * block)
-        for name, fn in fns.items():
-            times[name].append(time_steps(fn, steps, device))
-    result = {k: statistics.median(v) for k, v in times.items()}
+    groups = [list(fns)] if args.interleave == "all" else [["sub_", name] for name in fns if name != "sub_"]
+    result, yardstick = {}, {}
+    for group in groups:
+        times: dict[str, list[float]] = {k: [] for k in group}
+        for r in range(args.steps * args.rounds // block):
+            steps = range(r * block, (r + 1) * block)
+            for name in group:
+                times[name].append(time_steps(fns[name], steps, device))
+        for name in group:
+            result[name] = statistics.median(times[name])
+            yardstick[name] = statistics.median(times["sub_"])
+    result["sub_"] = statistics.median(yardstick.values())
+    result["yardstick"] = yardstick  # the sub_ each variant was timed beside
 
     def direct(step: int) -> torch.Tensor:
         return direct_penalty(view(step)[:, args.prompt:], args.direct_vocab, args.window, args.buffer, args.chunk)
@@ -146,6 +157,8 @@ def main() -> None:
     ap.add_argument("--direct-steps", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=4096, help="V-chunk of the direct formulation (bounds memory)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--interleave", choices=("pairs", "all"), default="pairs",
+                    help="pairs: each variant alternated with sub_ alone (default); all: every variant in one rotation")
     args = ap.parse_args()
     device = torch.device(args.device)
     if args.threads:
@@ -160,14 +173,17 @@ def main() -> None:
           f"{'dense us':>10}{'ratio':>7}{'direct us':>11}{'speed-up':>10}")
     for kind in ("random", "repetitive"):
         r = run(kind, args, device)
+        beside = r.pop("yardstick")
         us = {k: v * 1e6 for k, v in r.items()}
         base = us["sub_"]
-        print(f"{kind:<11}{base:9.1f}{us['sub']:9.1f}{us['processor']:9.1f}{us['processor'] / base:7.2f}"
+        ratio = {k: r[k] / beside[k] for k in beside}  # each to the sub_ timed beside it
+        print(f"{kind:<11}{base:9.1f}{us['sub']:9.1f}{us['processor']:9.1f}{ratio['processor']:7.2f}"
               f"{us['processor'] / us['sub']:6.2f}"
-              f"{us['copy']:9.1f}{us['copy'] / base:7.2f}{us['increm']:9.1f}{us['increm'] / base:7.2f}"
-              f"{us['dense']:10.1f}{us['dense'] / base:7.2f}"
+              f"{us['copy']:9.1f}{ratio['copy']:7.2f}{us['increm']:9.1f}{ratio['increm']:7.2f}"
+              f"{us['dense']:10.1f}{ratio['dense']:7.2f}"
               f"{us['direct']:11.0f}{us['direct'] / us['processor']:9.0f}x")
-    print("ratio = variant / sub_ (goal for the processor: <= 2); /sub = processor / out-of-place sub; "
+    print("ratio = variant / the sub_ timed beside it (goal for the processor: <= 2); sub_ us = their median; "
+          "/sub = processor / out-of-place sub; "
           "speed-up = direct / processor")
 
 

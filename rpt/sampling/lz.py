@@ -294,8 +294,9 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             deciding whether a call extends the previous one reads the tokens on the host (a
             synchronisation every step, a graph break under ``torch.compile``), while the default
             from-scratch path has none, so it runs inside a compiled / CUDA-graph-captured step,
-            and costs about 1.4x (random text) / 0.9x (repetitive) one elementwise pass over fresh
-            logits at 1 thread, 1.6x / 1.3x at 2 threads (V = 128256, batch 8, loaded 2-core CPU,
+            and costs about 0.8x (random text) / 0.6x (repetitive) one elementwise pass over fresh
+            logits at 1 thread, 1.2-1.5x / 0.9-1.3x at 2 threads (2.1-2.6x with
+            OMP_WAIT_POLICY=PASSIVE: a thread wake-up per parallel op) (V = 128256, batch 8, quiet 2-core CPU,
             benchmarks/lz_penalty.py). ``None`` is accepted as ``False``.
     """
 
