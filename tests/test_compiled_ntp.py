@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+from benchmarks.compile_widths import Messages
 from rpt.sampling import SamplingConfig, compiled_ntp, generate, generate_reference
 from rpt.sampling.compiled_ntp import propose_fixed
 from rpt.sampling.proposals import Proposer
@@ -85,13 +86,6 @@ def test_compiled_equals_eager_and_reference_with_processors(model, rpt_iters):
     assert "eos" in reasons and "length" in reasons
 
 
-class Messages(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.seen: list[str] = []
-
-    def emit(self, record):
-        self.seen.append(record.getMessage())
 
 
 def test_a_100_token_decode_is_one_graph_and_widths_share_it(model):

@@ -18,6 +18,18 @@ def models():
     return {w: rpt_model(w) for w in (2, 3)}
 
 
+def flat_and_per_row_sends(monkeypatch, model, ids, cfg, mask):
+    """The flat-step decode and its program resumptions (``_Decoder._send``), and the per-row driver's
+    resumptions alone; asserts both decode the same tokens."""
+    sends = []
+    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
+    flat = generate(model, ids, cfg, attention_mask=mask)
+    flat_sends, sends[:] = len(sends), []
+    rows = per_row_driver(monkeypatch, model, ids, cfg, mask)
+    assert torch.equal(flat.sequences, rows.sequences)
+    return flat, flat_sends, len(sends)
+
+
 def per_row_driver(monkeypatch, model, ids, cfg, mask):
     """``generate`` with the batch-flat step switched off."""
     with monkeypatch.context() as m:
@@ -88,14 +100,9 @@ def test_per_row_python_only_at_events(models, monkeypatch):
     programs are resumed a bounded number of times, not once per row per step as without the flat step."""
     ids, mask = prompts(3, seed=3)
     cfg = SamplingConfig(max_new_tokens=30, rpt_iters=1, rpt_window=3, confidence=1.0, eos_token_id=[])
-    sends = []
-    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
-    flat = generate(models[3], ids, cfg, attention_mask=mask)
-    flat_sends, sends[:] = len(sends), []
-    rows = per_row_driver(monkeypatch, models[3], ids, cfg, mask)
-    assert torch.equal(flat.sequences, rows.sequences)
+    flat, flat_sends, row_sends = flat_and_per_row_sends(monkeypatch, models[3], ids, cfg, mask)
     assert flat_sends <= 3 * 3  # the last position of each row, handed back to finish it
-    assert len(sends) >= 3 * 29
+    assert row_sends >= 3 * 29
 
 
 def test_nan_logits_in_a_flat_step_raise_naming_the_row(models):
@@ -164,13 +171,8 @@ def test_sampled_per_row_python_only_at_events(models, monkeypatch, temperature)
     ids, mask = prompts(3, seed=4)
     cfg = SamplingConfig(max_new_tokens=30, rpt_iters=1, rpt_window=3, confidence=1.0, temperature=temperature,
                          top_p=0.95, seed=7, eos_token_id=[])
-    sends = []
-    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
-    flat = generate(models[3], ids, cfg, attention_mask=mask)
-    flat_sends, sends[:] = len(sends), []
-    rows = per_row_driver(monkeypatch, models[3], ids, cfg, mask)
-    assert torch.equal(flat.sequences, rows.sequences)
-    assert flat_sends <= 3 * 3 and len(sends) >= 3 * 29
+    flat, flat_sends, row_sends = flat_and_per_row_sends(monkeypatch, models[3], ids, cfg, mask)
+    assert flat_sends <= 3 * 3 and row_sends >= 3 * 29
     assert len({tuple(flat.generated(b)) for b in range(3)}) == 3
     for b in range(3):
         single = generate(models[3], ids[b: b + 1, mask[b].argmax():], cfg, row_seeds=[flat.row_seeds[b]])
