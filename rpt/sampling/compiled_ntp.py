@@ -8,13 +8,8 @@ shape fixed for the whole decode (for every decode of the same capacity bucket):
 * the layout ``seqs`` is ``[batch, capacity]`` (the cache's bucketed capacity, pad ids past the
   end), and the step's column ``n`` is a 0-dim tensor, not a Python int (dynamo would specialise on
   an int and compile a graph per step);
-* the processors read the layout *rotated* so that column n is the last one:
-  ``ctx[:, j] = seqs[:, (j + n + 1) % capacity]``. Its first ``capacity - 1 - n`` columns (the
-  layout's columns past n) are declared left padding, ``shift + pads`` per row, and the prompt
-  ``shift + W`` columns wide: the same column conventions the eager path passes, moved by the
-  shift, so every penalty sees the tokens it sees eagerly, right-aligned as the LZ window needs
-  (repetition and frequency / presence send ignored columns to a spare vocabulary column, LZ
-  treats them as gaps).
+* the processors read the layout *rotated* so that column n is the last one
+  (:class:`~rpt.sampling.contexts.RotatedContexts`): one shape at every step.
 
 The :class:`~rpt.sampling.proposals.Proposer` is rebuilt inside the compiled function for these
 tensor-valued conventions: dynamo runs its constructors once, while tracing, and the graph holds only
@@ -28,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from rpt.queries import COMPILED_GRAPHS, Visibility, attention_implementation
-from rpt.sampling.proposals import Proposer, nonfinite
+from rpt.sampling.contexts import RotatedContexts
+from rpt.sampling.proposals import nonfinite
 
 
 def settle(d, token: torch.Tensor, n, done: torch.Tensor, end: torch.Tensor):
@@ -44,13 +40,9 @@ def propose_fixed(config, seeds: torch.Tensor, seqs: torch.Tensor, logits: torch
                   prompt: torch.Tensor, pads: torch.Tensor) -> torch.Tensor:
     """``[batch, draws]``: what ``Proposer(config, W, seeds, pad_length=pads).ntp(seqs[:, : n + 1], logits,
     n + 1 - pads)`` proposes, read from the whole fixed-width layout ``seqs`` with ``n`` a 0-dim tensor
-    (the rotated context of the module docstring): the same shapes at every step. ``prompt``: ``[batch]``
-    all W (a tensor, so that the graph does not depend on the prompt width)."""
-    width = seqs.shape[1]
-    cols = torch.arange(width, device=seqs.device)
-    shift = width - 1 - n  # the rotated context's leading columns: the layout's columns past n
-    context = seqs.index_select(1, (cols + (n + 1)) % width)
-    proposer = Proposer(config, prompt + shift, seeds, pad_length=pads + shift)
+    (:class:`~rpt.sampling.contexts.RotatedContexts`): the same shapes at every step. ``prompt``:
+    ``[batch]`` all W (a tensor, so that the graph does not depend on the prompt width)."""
+    proposer, context = RotatedContexts(config, seeds, seqs, prompt, pads).upto(n)
     return proposer.ntp(context, logits, n + 1 - pads)
 
 

@@ -47,6 +47,7 @@ from rpt.queries import ModelQueries, Visibility
 from rpt.sampling import ntp_path, randomness, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.contexts import GrowingContexts
 from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.prompts import (
@@ -57,7 +58,7 @@ from rpt.sampling.prompts import (
     row_budgets,
     rpt_iterations,
 )
-from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
+from rpt.sampling.proposals import Proposer, block_proposals, raise_nonfinite
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
 
@@ -191,14 +192,15 @@ class _Decoder:
         self.compile_backend = (compile if isinstance(compile, str) else "inductor") if compile else None
         self.queries = ModelQueries(model, capacity, compile=bool(compile), compile_max_queries=8,
                                     compile_backend=self.compile_backend or "inductor")
-        if compile and ntp_path.eligible(self):  # the compiled NTP step reads the layout at a fixed width
+        self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
+        if compile and (self.flat or ntp_path.eligible(self)):  # the compiled steps read the layout at a fixed width
             self.seqs = torch.nn.functional.pad(self.seqs, (0, self.queries.capacity - self.seqs.shape[1]),
                                                 value=self.pad_id)
+        self.rpt_step = None  # the compiled common RPT step (rpt_path), built at its first use
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
-        self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
         self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
@@ -319,22 +321,12 @@ class _Decoder:
 
     def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
                    ) -> torch.Tensor:
-        """Every proposal of the call, ``[batch, ...]`` (its first column: whether the row's logits were
-        NaN / inf), on the device: the caller moves it to the host with one transfer."""
-        out, at = [nonfinite(logits)[:, None].long()], 0
-        position = n - self.pads  # each row's position of column n
-        if block.keep_top:  # over the tokens fed at column n (a row's guess, if it made one)
-            context = torch.cat([self.seqs[:, :n], ids[:, block.region - 1: block.region]], 1)
-            out.append(self.proposer.ntp(context, logits[:, at], position + 1))
-            at += 1
-        if block.keep_prev:
-            out.append(self.proposer.ntp(self.seqs[:, :n], logits[:, at], position))
-            at += 1
-        for i, lag in enumerate(block.lags):
-            it = None if its is None else its[i]
-            tokens, accepted = self.proposer.ptp(self.seqs[:, : n - lag], logits[:, at + i], position, it, lag)
-            out += [tokens[:, None], accepted[:, None].long()]
-        return torch.cat(out, dim=1)
+        """Every proposal of the call (:func:`~rpt.sampling.proposals.block_proposals`), on the device: the
+        caller moves it to the host with one transfer. The NTP proposal for n + 1 conditions on the token
+        fed at column n (a row's guess, if it made one)."""
+        fed = ids[:, block.region - 1] if block.keep_top else None
+        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed,
+                               block.keep_top, block.keep_prev, block.lags, its)
 
     def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of

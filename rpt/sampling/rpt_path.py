@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from rpt.sampling.algorithm import decode_row
+from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.proposals import raise_nonfinite
 
 
@@ -44,13 +45,17 @@ def eligible(decoder) -> bool:
             and not any(decoder.prompts.prefixes) and decoder.streamer is None)
 
 
-def _events(d, vals: torch.Tensor, lags: tuple[int, ...], at: int, m: int) -> torch.Tensor:
-    """``[batch]`` bool: rows whose sweep at column m accepts a proposal that differs from the token."""
-    event = torch.zeros_like(vals[:, 0], dtype=torch.bool)
-    for i, lag in enumerate(lags):  # vals: nonfinite, the NTP draws if any (``at`` columns), then (token, accepted) per lag
-        token, accepted = vals[:, 1 + at + 2 * i], vals[:, 2 + at + 2 * i]
-        event |= accepted.bool() & (token != d.seqs[:, m - lag])
-    return event
+def events(seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, m) -> torch.Tensor:
+    """``[batch]`` bool: rows whose sweep at column m (an int or a 0-dim tensor) accepts a proposal that
+    differs from the token. ``vals``: the call's proposals (its NaN flag, ``at`` NTP draws, then
+    ``(token, accepted)`` per lag)."""
+    if not lags:
+        return torch.zeros_like(vals[:, 0], dtype=torch.bool)
+    # the common step's lags are 1 .. L: an arange, not a tensor of the tuple (a host-to-device copy)
+    assert lags == tuple(range(1, len(lags) + 1)), lags
+    current = seqs.index_select(1, m - torch.arange(1, len(lags) + 1, device=seqs.device))  # x_{m-l} per lag
+    chains = vals[:, 1 + at: 1 + at + 2 * len(lags)].reshape(-1, len(lags), 2)
+    return (chains[..., 1].bool() & (chains[..., 0] != current)).any(1)
 
 
 def run(d, n: int) -> int:
@@ -60,7 +65,6 @@ def run(d, n: int) -> int:
     alive = torch.tensor([s.requests is not None for s in d.slots], device=d.device)
     draws = d._to_device([s.usable(n + 1, n) if s.requests is not None else [d.pad_id] * draws_per
                           for s in d.slots])
-    last, eos = d.last_cols, d.eos  # each row's last position's column; the EOS ids
     d._apply_writes()
     m = n + 1
     while True:
@@ -68,26 +72,44 @@ def run(d, n: int) -> int:
         d.seqs[:, m] = torch.where(alive, proposal, d.seqs[:, m])
         # x_m once the sweep changes nothing: greedy, the proposal; sampled, sweep 1's redraw (none
         # at the first position, which has no window)
-        final = draws[:, -1] if draws_per > 1 and m > d.W else proposal
-        ends = (last <= m) | torch.isin(final, eos)  # x_m is the row's last token (if no sweep changes it)
-        # no window yet (the first position) and every row ends at m: the per-row driver makes no call
-        # here, so neither may this (a host read, at the first position only)
-        if m == d.W and not bool((alive & ~ends).any()):
+        final = draws[:, -1] if draws_per > 1 and m > d.W else None
+        if m == d.W and _nobody_goes_on(d, proposal, alive, m):
             _hand_over(d, draws, m)
             return m
-        block, vals = d.call_block(m, guess=None if final is proposal else final)
-        event = _events(d, vals, block.lags, draws_per * int(block.keep_top), m) | ends
-        bad, stop = torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()]).tolist()  # one transfer
+        block, vals, flags = _step(d, m, final, alive)
+        bad, stop = flags.tolist()  # the step's one transfer
         if bad:
             raise_nonfinite([b for b, v in enumerate(vals[:, 0].tolist()) if v and d.slots[b].requests is not None])
         if stop:
             _hand_over(d, draws, m)
             d.pending = (m, block, vals)
             return m
-        if final is not proposal:
+        if final is not None:
             d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
         draws = vals[:, 1: 1 + draws_per]
         m += 1
+
+
+def _nobody_goes_on(d, x_m: torch.Tensor, alive: torch.Tensor, m: int) -> bool:
+    """At the first position (no window yet): whether every live row ends at m, where the per-row driver
+    makes no call, so neither may this (a host read, at the first position only)."""
+    ends = (d.last_cols <= m) | torch.isin(x_m, d.eos)
+    return not bool((alive & ~ends).any())
+
+
+def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
+    """The call at column m and its proposals, and ``flags`` = (any live row's logits NaN / inf, any live
+    row's event: an accepted correction, an EOS in ``x_m``, its last position); compiled
+    (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
+    if d.compile_backend is not None and d.W < m < d.last:
+        if d.rpt_step is None:
+            d.rpt_step = CompiledRPTStep(d, d.compile_backend)
+        return d.rpt_step(m, final, alive)
+    block, vals = d.call_block(m, guess=final)
+    x_m = d.seqs[:, m] if final is None else final
+    ends = (d.last_cols <= m) | torch.isin(x_m, d.eos)  # x_m is the row's last token (if no sweep changes it)
+    event = events(d.seqs, vals, block.lags, d.proposer.ntp_draws * int(block.keep_top), m) | ends
+    return block, vals, torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
 
 
 def _hand_over(d, draws: torch.Tensor, m: int) -> None:
