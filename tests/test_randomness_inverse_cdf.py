@@ -170,3 +170,22 @@ def test_under_torch_compile_fullgraph():
         probs = random_probs(gen, 64, 4096, pattern, torch.float32)
         u = uniforms(torch.arange(64), 9, 0, 0, draws=3)
         assert torch.equal(compiled(probs, u), inverse_cdf(probs, u)), pattern
+
+
+@pytest.mark.parametrize("rpt_iters, compile", [(0, "aot_eager"), (1, False)])
+def test_decodes_at_batch_size_draw_what_the_sequential_cumsum_draws(monkeypatch, rpt_iters, compile):
+    """Whole sampled decodes where every draw is two-level (V = 4096, 32 rows: the benchmark's micro
+    Llama), the compiled NTP step included, emit the tokens of the same decodes with the sequential
+    cumsum's draw (the two-level path switched off)."""
+    from benchmarks.host_overhead import MICRO, micro_model
+    from rpt.sampling import SamplingConfig, generate, randomness
+
+    model = micro_model()
+    prompt = torch.randint(0, MICRO["vocab_size"], (32, 8), generator=torch.Generator().manual_seed(6))
+    cfg = SamplingConfig(max_new_tokens=12, eos_token_id=[], temperature=1.0, seed=7, rpt_iters=rpt_iters,
+                         rpt_window=2, confidence=0.9)
+    assert prompt.shape[0] * MICRO["vocab_size"] >= _TWO_LEVEL_SIZE
+    two_level = generate(model, prompt, cfg, compile=compile).sequences
+    monkeypatch.setattr(randomness, "_TWO_LEVEL_SIZE", 2**62)
+    sequential = generate(model, prompt, cfg, compile=compile).sequences
+    assert torch.equal(two_level, sequential)
