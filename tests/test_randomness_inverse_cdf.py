@@ -189,3 +189,17 @@ def test_decodes_at_batch_size_draw_what_the_sequential_cumsum_draws(monkeypatch
     monkeypatch.setattr(randomness, "_TWO_LEVEL_SIZE", 2**62)
     sequential = generate(model, prompt, cfg, compile=compile).sequences
     assert torch.equal(two_level, sequential)
+
+
+@pytest.mark.slow
+def test_under_inductor():
+    """Inductor generates its own sum and cumsum loops (another summation order than eager's): the
+    truth within rounding, no zero token, boundary draws included (about a minute of C++ compilation)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(inverse_cdf, fullgraph=True, backend="inductor", dynamic=False)
+    gen = torch.Generator().manual_seed(8)
+    for pattern in ["blocks", "dense", "sparse", "last_chunk"]:
+        probs = random_probs(gen, 64, 4096, pattern, torch.float32)
+        u = torch.cat([uniforms(torch.arange(64), 9, 0, 0, draws=3), boundary_uniforms(probs, gen)], -1)
+        u[0, 0], u[-1, -1] = U_MIN, U_MAX
+        check(probs, u, compiled(probs, u))
