@@ -3,9 +3,13 @@
     python benchmarks/inverse_cdf.py                 # [64, 4096] and [8, 128256] float32, 1 thread
     python benchmarks/inverse_cdf.py --shapes 16x4096 --draws 2
 
-Both run in one process on the same softmaxed random logits and uniforms, alternated call by call
-(so a load spike hits both), and the script checks they draw the same tokens. Prints per shape the
-median us per call of each and their ratio.
+Both run in one process on the same softmaxed random logits and uniforms, and the script checks they
+draw the same tokens. Prints per shape the median us per call of each and their ratio, twice: calls
+alternated one by one (a load spike hits both), and each in a block of calls of its own. The two
+differ by the allocator: the float64 temporaries (the sequential draw's copy and cumsum of
+``[batch, V]``, the two-level draw's float64 cast inside its chunk sums) are fresh pages, faulted in
+again on every call, when glibc hands freed large blocks back to the system, which alternation with
+the other draw's differently sized blocks provokes.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    print(f"float32 probs, {args.draws} draw(s), {args.threads} thread(s), median of {args.calls} alternated calls")
-    print(f"{'shape':>10} {'sequential us':>14} {'two-level us':>13} {'ratio':>6}")
+    print(f"float32 probs, {args.draws} draw(s), {args.threads} thread(s), median of {args.calls} calls")
+    print(f"{'shape':>10} {'alternated: sequential us':>26} {'two-level us':>13} {'ratio':>6}   "
+          f"{'blocks: sequential us':>22} {'two-level us':>13} {'ratio':>6}")
     for shape in args.shapes:
         batch, width = (int(x) for x in shape.split("x"))
         if width % 64:
@@ -48,7 +53,10 @@ def main() -> None:
             old.append(timed(_sequential, probs, u))
             new.append(timed(_two_level, probs, u))
         a, b = statistics.median(old), statistics.median(new)
-        print(f"{shape:>10} {a:14.1f} {b:13.1f} {b / a:6.3f}" + ("" if same else "  (tokens differ!)"))
+        c = statistics.median(timed(_sequential, probs, u) for _ in range(args.calls))
+        d = statistics.median(timed(_two_level, probs, u) for _ in range(args.calls))
+        print(f"{shape:>10} {a:26.1f} {b:13.1f} {b / a:6.3f}   {c:22.1f} {d:13.1f} {d / c:6.3f}"
+              + ("" if same else "  (tokens differ!)"))
 
 
 if __name__ == "__main__":

@@ -71,14 +71,18 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     ``u [batch, draws]`` (in ``[0, 1)``): the first v whose cumulative mass exceeds ``u`` times the
     total. A token of probability 0 is never drawn (its cumulative mass equals its predecessor's).
 
-    Where V is a multiple of 64 and at least 1024 the draw is two-level, as :func:`first_argmax
-    <rpt.sampling.proposals.first_argmax>` is: torch's cumsum is a scalar loop (on the CPU about
-    1.3 ms for ``[64, 4096]``, the largest host cost of a sampled step) while a sum is vectorised, so
-    the float64 masses of 64-wide chunks, their cumsum, the chunk holding the target, and the cumsum of
-    that chunk's 64 probabilities only. The sums are added in another order than one sequential
-    cumsum's, so the token can differ from the sequential draw's only where ``u`` times the total lies
-    within float64 rounding (~1e-16 of the total) of a token's cumulative mass; never a zero token.
-    No host synchronisation, no data-dependent Python: it runs inside ``torch.compile(fullgraph=True)``.
+    On the CPU, where V is a multiple of 64 and ``[batch, V]`` large (see ``_TWO_LEVEL_SIZE``), the
+    draw is two-level, as :func:`first_argmax <rpt.sampling.proposals.first_argmax>` is: torch's CPU
+    cumsum is a scalar loop over two fresh float64 ``[batch, V]`` tensors (the largest host cost of
+    a sampled step) while a sum is vectorised, so the float64 masses of 64-wide chunks, their
+    cumsum, the chunk holding the target, and the cumsum of that chunk's 64 probabilities only
+    (``[64, 4096]``, 1 thread: 0.16-0.8 ms against 0.27-1.8 ms, the ends set by whether the
+    allocator faults the float64 pages in again; benchmarks/inverse_cdf.py). The sums are
+    added in another order than one sequential cumsum's, so the token can differ from the sequential
+    draw's only where ``u`` times the total lies within float64 rounding (~1e-16 of the total) of a
+    token's cumulative mass; never a zero-probability token. No host synchronisation, no
+    data-dependent Python: it runs inside ``torch.compile(fullgraph=True)``. Elsewhere (CUDA, where
+    cumsum is a parallel scan; small or odd V) the sequential draw.
     """
     if probs.device.type != "cpu" or probs.shape[-1] % _CHUNK or probs.numel() < _TWO_LEVEL_SIZE:
         return _sequential(probs, u)
