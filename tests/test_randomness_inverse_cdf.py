@@ -120,7 +120,7 @@ def test_boundary_draws_never_hit_zero_tokens():
         u = boundary_uniforms(probs, gen)
         differ += check(probs, u, _two_level(probs, u))  # check() allows a difference only at a boundary
         check(probs, u, inverse_cdf(probs, u))
-    assert differ < 40 * 32 * 12  # not every boundary draw differs
+    assert differ < 0.25 * 40 * 32 * 12  # most boundary draws still agree (measured: 9%)
 
 
 def test_extreme_uniforms_draw_the_first_and_last_nonzero_tokens():
