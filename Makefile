@@ -42,6 +42,7 @@ bench: $(VENV)/.installed
 	$(BENCH) benchmarks/objective_overhead.py
 	$(BENCH) benchmarks/train_overhead.py
 	$(BENCH) benchmarks/lz_penalty.py
+	$(BENCH) benchmarks/inverse_cdf.py
 	$(BENCH) benchmarks/rpt_decode.py
 	$(BENCH) benchmarks/sandbox_throughput.py
 
