@@ -112,8 +112,10 @@ class Proposer:
             tokens = first_argmax(probs)
             # the probability at the argmax is the row's maximum: a gather, not a second pass over V
             return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
-        warped = apply(self.warpers, context, scores)
-        tokens = inverse_cdf(_probs(warped), uniforms(self.seeds, position, iteration, lag))[:, 0]
+        # no warper (temperature 1, no truncation): the draw's distribution is the acceptance's, so its
+        # softmax is not computed twice (a [batch, V] pass per lag per step)
+        dist = probs if not self.warpers else _probs(apply(self.warpers, context, scores))
+        tokens = inverse_cdf(dist, uniforms(self.seeds, position, iteration, lag))[:, 0]
         return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
 
 
