@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks.compile_widths import Messages
-from rpt.sampling import SamplingConfig, compiled_rpt, generate, generate_reference
+from rpt.sampling import SamplingConfig, compiled_ntp, compiled_rpt, generate, generate_reference
 from rpt.sampling.contexts import GrowingContexts, RotatedContexts
 from rpt.sampling.proposals import Proposer, block_proposals
 from tests.test_compiled_ntp import random_config
@@ -132,26 +132,27 @@ def test_a_long_decode_runs_one_graph_per_window_shape(models, monkeypatch):
     assert not [m for m in messages.seen if "recompile" in m.lower()]
 
 
-def test_nan_logits_at_a_compiled_rpt_step_raise(monkeypatch):
-    """NaN logits first appearing at a compiled RPT step raise the decoder's error naming NaN, through
-    the step's flags (no host read inside the step)."""
+@pytest.mark.parametrize("rpt_iters", [0, 1])
+def test_nan_logits_at_a_compiled_step_raise(monkeypatch, rpt_iters):
+    """NaN logits first appearing at a compiled step (NTP's or RPT's, after the eager prefill) raise the
+    decoder's error naming NaN, through the step's flags (no host read inside the step)."""
     model = rpt_model(2, seed=3).float()
-    real = compiled_rpt.CompiledRPTStep.__call__
-    calls = []
+    step = compiled_rpt.CompiledRPTStep if rpt_iters else compiled_ntp.CompiledNTPStep
+    real, calls = step.__call__, []
 
-    def poison_at_third_step(step, m, final, alive):
-        calls.append(m)
+    def poison_at_third_step(self, *args):
+        calls.append(args[0])
         if len(calls) == 3:
             with torch.no_grad():
                 model.lm.lm_head.weight[7, 0] = float("nan")
-        return real(step, m, final, alive)
+        return real(self, *args)
 
-    monkeypatch.setattr(compiled_rpt.CompiledRPTStep, "__call__", poison_at_third_step)
+    monkeypatch.setattr(step, "__call__", poison_at_third_step)
     torch._dynamo.reset()
     ids, mask = prompts(2, seed=22)
+    cfg = SamplingConfig(max_new_tokens=8, rpt_iters=rpt_iters, rpt_window=2, repetition_penalty=1.3)
     with pytest.raises(ValueError, match="NaN or inf"):
-        generate(model, ids, SamplingConfig(max_new_tokens=8, rpt_iters=1, rpt_window=2, repetition_penalty=1.3),
-                 attention_mask=mask, compile="aot_eager")
+        generate(model, ids, cfg, attention_mask=mask, compile="aot_eager")
     assert len(calls) == 3
 
 
