@@ -12,8 +12,8 @@ input order: ``id``, ``prompt``, ``completion`` (cut at the first stop string), 
 corrections) ends the run on stderr. Under ``accelerate launch`` the prompts are split across
 processes and the main process writes the merged output. Bad input is one ``error: ...`` line and
 exit status 2. Every sampling knob is a flag (``--help``). With ``--seed S`` prompt i's random draws
-are keyed by ``S + i`` (the same text whatever the batch size or process count); ``--compile``
-compiles the model step (``torch.compile``, fixed shapes).
+are keyed by a hash of ``(S, i)`` (the same text whatever the batch size or process count; seeds S and
+S + 1 share no draws); ``--compile`` compiles the decode steps (``torch.compile``, fixed shapes).
 """
 
 from __future__ import annotations

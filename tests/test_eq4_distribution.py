@@ -3,7 +3,7 @@
 A 3-token model, so every conditional the chain uses can be computed with a plain, uncached forward
 (nothing of the decoder's code: no cache, no mask, no proposal rules) and the law of the first new
 tokens enumerated exactly. Setting: temperature 1, ``k = 1``, confidence 0 (every PTP proposal is
-accepted), greedy or sampled PTP. 3000 rows of one prompt, each with its own seed (``seed + b``), are
+accepted), greedy or sampled PTP. 3000 rows of one prompt, each with its own row seed (a hash of ``(seed, b)``), are
 3000 independent draws of the chain; their empirical joint must be within 0.04 in total variation of
 the exact one (the expected TV of 3000 draws of a 9-cell law is about 0.02).
 """
