@@ -184,6 +184,21 @@ class ModelQueries:
             kwargs["logits_to_keep"] = keep
         return self.model(ids, **kwargs).logits
 
+    @contextlib.contextmanager
+    def whole_cache_calls(self) -> Iterator[None]:
+        """Around a compiled decode step that calls :meth:`whole_cache_step` inside its own graph: counts
+        the call, sets the attention implementation for the custom mask, and lifts dynamo's recompile
+        limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
+        self.calls += 1
+        self.cache.kv_len = self.capacity
+        with attention_implementation(self.model, self.switch), \
+                torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+            yield
+
+    def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
+        """The model step over the whole cache (fixed shapes), for a compiled decode step to trace."""
+        return self._step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, keep)
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, vis: Visibility,
                  kv_len: int, offsets: torch.Tensor | None = None, keep: int | torch.Tensor | None = None,
                  plain: bool = False) -> torch.Tensor:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from rpt.queries import COMPILED_GRAPHS, Visibility, attention_implementation
+from rpt.queries import Visibility
 from rpt.sampling.contexts import RotatedContexts
 from rpt.sampling.proposals import nonfinite
 
@@ -32,7 +32,7 @@ def settle(d, token: torch.Tensor, n, done: torch.Tensor, end: torch.Tensor):
     and each row's final column: the bookkeeping of one NTP step, shared by the eager and the compiled
     step."""
     token = torch.where(done, d.pad_id, token)
-    stop = ~done & ((d.last_cols <= n + 1) | torch.isin(token, d.eos))
+    stop = ~done & d.ends_at(token, n + 1)
     return token, done | stop, torch.where(stop, n + 1, end)
 
 
@@ -69,17 +69,15 @@ class CompiledNTPStep:
         d, q = self.d, self.d.queries
         column = n.view(1)
         positions = (n - d.pads).clamp(min=0)[:, None]  # each row's position of column n
-        mask = q.mask(Visibility(column, d.start_cols, column), column, q.capacity)
-        logits = q._step(seqs.index_select(1, column), positions, None, mask, column, None)[:, 0]
+        logits = q.whole_cache_step(seqs.index_select(1, column), positions, column,
+                                    Visibility(column, d.start_cols, column))[:, 0]
         bad = nonfinite(logits) & ~done
         token = propose_fixed(d.config, d.proposer.seeds, seqs, logits, n, self.prompt, d.pads)[:, 0]
         token, done, end = settle(d, token, n, done, end)
         return token, done, end, bad, torch.stack([bad.any(), done.all()])
 
     def __call__(self, n: int, done: torch.Tensor, end: torch.Tensor):
-        d, q = self.d, self.d.queries
+        d = self.d
         self.n.fill_(n)  # the step's column as a tensor: one graph for every step
-        q.calls += 1
-        q.cache.kv_len = q.capacity
-        with attention_implementation(q.model, q.switch), torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+        with d.queries.whole_cache_calls():
             return self._compiled(d.seqs, self.n, done, end)

@@ -300,14 +300,19 @@ class _Decoder:
             ids[g[:, 0], block.region - 1] = g[:, 1]
         return ids
 
-    def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
-        src, write = pattern.src + n, pattern.write + n
+    def query_inputs(self, pattern: _Pattern, ids: torch.Tensor, n) -> tuple:
+        """The block's positions, cache columns, visibility and offset rows at column n (an int, or a
+        0-dim tensor inside a compiled step)."""
+        src = pattern.src + n
         if self.start_cols is None:  # no left padding: positions are columns
             positions = src[None].expand(ids.shape[0], -1)
         else:
-            positions = (src[None] - self.pads[:, None]).clamp_(min=0)
+            positions = (src[None] - self.pads[:, None]).clamp(min=0)
         offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
-        vis = Visibility(pattern.limit + n, self.start_cols, pattern.since + n)
+        return positions, pattern.write + n, Visibility(pattern.limit + n, self.start_cols, pattern.since + n), offsets
+
+    def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
+        positions, write, vis, offsets = self.query_inputs(pattern, ids, n)
         plain = block.region == 1 and not block.lags and self.start_cols is None  # x_n alone sees every column
         return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
                             keep=pattern.keep, plain=plain)
@@ -378,20 +383,40 @@ class _Decoder:
         raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
         self._deliver(live, vals, block, chains, n)
 
-    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
-        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): feed every row's ``x_n``
-        and one PTP chain per lag of the window; its block and proposals (on the device). ``guess``
-        (sampled, k = 1): ``[batch]`` x_n after an unchanged sweep, fed at column n as :meth:`_ids` feeds
-        a row's guess (the chains keep ``x_n``); the sweep's draws are keyed by iteration 1."""
-        block = _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
-                       keep_prev=False)
-        pattern = self._pattern(block)
-        ids = self.seqs.index_select(1, pattern.src + n)
+    # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
+    def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
+        """``[batch]`` bool: rows for which ``token`` at column c is their last (an EOS id, or the last
+        column of their budget)."""
+        return (self.last_cols <= c) | torch.isin(token, self.eos)
+
+    def common_block(self, n: int) -> _Block:
+        """The block of a common step at column n: every row's ``x_n`` and one PTP chain per lag of the
+        window (lags ``1 .. min(w - 1, n - W)``)."""
+        return _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
+                      keep_prev=False)
+
+    def common_ids(self, seqs: torch.Tensor, pattern: _Pattern, n, guess: torch.Tensor | None) -> torch.Tensor:
+        """The common step's tokens: the layout's at each query's source column, and ``guess`` ``[batch]``
+        (sampled, k = 1: x_n after an unchanged sweep) at column n, as :meth:`_ids` feeds a row's guess
+        (the chains keep ``x_n``)."""
+        ids = seqs.index_select(1, pattern.src + n)
         if guess is not None:
-            ids[:, block.region - 1] = guess
-        its = None
-        if block.lags and not self.proposer.ptp_samples_greedy:
-            its = torch.ones((len(block.lags), ids.shape[0]), dtype=torch.long, device=self.device)
+            ids[:, 0] = guess  # column n is the region's only query
+        return ids
+
+    def common_iterations(self, lags: tuple[int, ...], batch: int) -> torch.Tensor | None:
+        """The common step's sweep draws are keyed by iteration 1 (argmax proposals draw nothing)."""
+        if not lags or self.proposer.ptp_samples_greedy:
+            return None
+        return torch.ones((len(lags), batch), dtype=torch.long, device=self.device)
+
+    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
+        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block and proposals
+        (on the device)."""
+        block = self.common_block(n)
+        pattern = self._pattern(block)
+        ids = self.common_ids(self.seqs, pattern, n, guess)
+        its = self.common_iterations(block.lags, ids.shape[0])
         return block, self._proposals(self._call(block, ids, pattern, n), ids, block, its, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:

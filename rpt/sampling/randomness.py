@@ -102,7 +102,7 @@ def _two_level(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     batch, width = probs.shape
     count = width // _CHUNK
     chunks = probs.reshape(batch, count, _CHUNK)
-    # chunk masses accumulated in float64 without a float64 copy of [batch, V]
+    # chunk masses in float64 (torch casts the input first: one float64 [batch, V] temporary, no cumsum)
     ends = chunks.sum(-1, dtype=torch.float64).cumsum(-1)  # the cumulative mass at each chunk's end
     target = u * ends[:, -1:]
     # The first chunk whose end exceeds the target. An all-zero chunk ends where its predecessor

@@ -93,13 +93,19 @@ def run(d, n: int) -> int:
 def _nobody_goes_on(d, x_m: torch.Tensor, alive: torch.Tensor, m: int) -> bool:
     """At the first position (no window yet): whether every live row ends at m, where the per-row driver
     makes no call, so neither may this (a host read, at the first position only)."""
-    ends = (d.last_cols <= m) | torch.isin(x_m, d.eos)
-    return not bool((alive & ~ends).any())
+    return not bool((alive & ~d.ends_at(x_m, m)).any())
+
+
+def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, x_m: torch.Tensor,
+               alive: torch.Tensor, m) -> torch.Tensor:
+    """``[2]``: whether any live row's logits were NaN / inf, and whether any live row has an event (an
+    accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer."""
+    event = events(seqs, vals, lags, at, m) | d.ends_at(x_m, m)
+    return torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
 
 
 def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
-    """The call at column m and its proposals, and ``flags`` = (any live row's logits NaN / inf, any live
-    row's event: an accepted correction, an EOS in ``x_m``, its last position); compiled
+    """The call at column m, its proposals and :func:`step_flags`; compiled
     (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
     if d.compile_backend is not None and d.W < m < d.last:
         if d.rpt_step is None:
@@ -107,9 +113,8 @@ def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
         return d.rpt_step(m, final, alive)
     block, vals = d.call_block(m, guess=final)
     x_m = d.seqs[:, m] if final is None else final
-    ends = (d.last_cols <= m) | torch.isin(x_m, d.eos)  # x_m is the row's last token (if no sweep changes it)
-    event = events(d.seqs, vals, block.lags, d.proposer.ntp_draws * int(block.keep_top), m) | ends
-    return block, vals, torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
+    at = d.proposer.ntp_draws * int(block.keep_top)
+    return block, vals, step_flags(d, d.seqs, vals, block.lags, at, x_m, alive, m)
 
 
 def _hand_over(d, draws: torch.Tensor, m: int) -> None:
