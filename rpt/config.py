@@ -72,6 +72,9 @@ class TrainConfig:
     loss_chunk_mb: int = 32  # the loss computes float32 logits for this many MB of them at a time
     peak_tflops: float | None = None  # per-device peak for the MFU estimate (None: known GPUs only)
     gradient_checkpointing: bool = False
+    # torch.compile each transformer block (rpt/compiled_blocks.py); evaluation stays eager
+    compile: bool = False
+    compile_backend: str = "inductor"  # inductor | aot_eager (traces fwd + bwd, no code generation) | eager
     # LoRA: {r, alpha, dropout, target_modules} (PEFT LoraConfig fields); the offset table trains in
     # full beside the adapter, final/ is a PEFT adapter directory plus the table (rpt/lora.py)
     lora: Any = None
@@ -97,6 +100,7 @@ CHOICES = {
     "schedule": ("cosine", "linear", "constant"),
     "precision": ("fp32", "bf16", "fp16"),
     "report_to": ("none", "wandb", "tensorboard"),
+    "compile_backend": ("inductor", "aot_eager", "eager"),
     "attn_implementation": (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
 }
 

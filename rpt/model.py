@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput, cached_file
 
 from rpt.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED, embeddings_tied, fold_ntp_row, module_key
-from rpt.loss import chunk_tokens, linear_cross_entropy
+from rpt.loss import linear_cross_entropy, plan_blocks
 from rpt.objective import IGNORE_INDEX
 
 RPT_CONFIG_NAME = "rpt_config.json"
@@ -306,15 +306,16 @@ class RPTForCausalLM(nn.Module):
         if labels is None:
             out = self.lm(**model_inputs)
             return _output(out, logits=out.logits)
-        # With labels: the body's hidden states, then the head and the cross-entropy a chunk of
-        # tokens at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
+        # With labels: the body's hidden states, then the head and the cross-entropy a tile of
+        # logits at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
         out = self.lm.base_model(**model_inputs)
         hidden = out.last_hidden_state
         head = self.lm.get_output_embeddings()
         scale, softcap = self.logit_transform()
+        flat = hidden.reshape(-1, hidden.shape[-1])
         per_token = linear_cross_entropy(
-            hidden.reshape(-1, hidden.shape[-1]), head.weight, getattr(head, "bias", None), labels.reshape(-1),
-            chunk_tokens(self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
+            flat, head.weight, getattr(head, "bias", None), labels.reshape(-1),
+            plan_blocks(flat.shape[0], self.lm.config.vocab_size, self.loss_chunk_bytes), scale=scale, softcap=softcap,
         )
         loss, ntp, ptp, sums, counts = split_losses(per_token.view_as(labels), labels, kinds, self.window)
         return _output(out, loss=loss, ntp_loss=ntp, ptp_loss=ptp, kind_loss_sum=sums, kind_count=counts)

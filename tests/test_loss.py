@@ -1,4 +1,4 @@
-"""The chunked linear cross-entropy against the plain float32 computation, and its memory."""
+"""The tiled linear cross-entropy against the plain float32 computation, its accuracy in bf16, and its memory."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rpt.loss import chunk_tokens, linear_cross_entropy
+from rpt.loss import MIN_VOCAB_BLOCK, Blocks, linear_cross_entropy, plan_blocks
 from rpt.model import RPTForCausalLM
 from rpt.objective import make_rpt_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
@@ -37,20 +37,38 @@ def assert_close(ours, ref, rel=1e-4):
         assert (grads_a[name] - grads_b[name]).abs().max() <= rel * scale, name
 
 
-@pytest.mark.parametrize("tokens_per_chunk", [None, 7, 1])  # None: the default 32 MB budget
-def test_equals_plain_float32_at_llama3_vocabulary(tokens_per_chunk):
+@pytest.mark.parametrize("budget_rows", [None, 7 * MIN_VOCAB_BLOCK, 96])  # None: the default 32 MB budget
+def test_equals_plain_float32_at_llama3_vocabulary(budget_rows):
+    """Several vocabulary blocks (default budget, and 7 x 512 rows' worth), and token blocks too (a
+    budget below one 512-row block for every token)."""
     torch.manual_seed(0)
     model = RPTForCausalLM.from_base(tiny_llama(vocab_size=LLAMA3_VOCAB), window=3).train()
     with torch.no_grad():
         model.offset_embedding.weight.normal_(std=0.1)
-    if tokens_per_chunk:
-        model.loss_chunk_bytes = 4 * LLAMA3_VOCAB * tokens_per_chunk
-    n = 64 if tokens_per_chunk == 1 else 128
+    n = 128
+    if budget_rows:
+        model.loss_chunk_bytes = 4 * 2 * n * budget_rows
     rows = torch.randint(0, LLAMA3_VOCAB, (2, n + 1), generator=torch.Generator().manual_seed(1))
     batch = make_rpt_batch(rows, 3, 1.0, 0.2, generator=torch.Generator().manual_seed(2), num_inputs=n)
     batch.labels[0, :5] = -100  # ignored positions too
-    assert chunk_tokens(LLAMA3_VOCAB, model.loss_chunk_bytes) < 2 * n  # several chunks
+    blocks = plan_blocks(2 * n, LLAMA3_VOCAB, model.loss_chunk_bytes)
+    assert blocks.vocab < LLAMA3_VOCAB  # several vocabulary blocks
+    assert (blocks.tokens < 2 * n) == (budget_rows == 96)
     assert_close(losses_and_grads(model, batch, True), losses_and_grads(model, batch, False))
+
+
+def test_plan_blocks_fits_the_budget():
+    mb = 1 << 20
+    # every token, vocabulary rows in multiples of 128 (2 x 1024 tokens, V = 128256, 32 MB: 4096 rows)
+    assert plan_blocks(2048, 128256, 32 * mb) == Blocks(2048, 4096)
+    assert plan_blocks(8192, 128256, 32 * mb) == Blocks(8192, 1024)  # the 1.3B benchmark's batch
+    assert plan_blocks(100, 4096, 32 * mb) == Blocks(100, 4096)  # one tile
+    # too many tokens for a 512-row block: tokens split, the tile still within the budget
+    assert plan_blocks(1 << 20, 128256, 32 * mb) == Blocks(16384, MIN_VOCAB_BLOCK)
+    for n, v, budget in ((1, 7, 1), (3000, 50000, 5 * mb), (10**6, 128256, 32 * mb), (513, 600, 4 * 513 * 600)):
+        t, r = plan_blocks(n, v, budget)
+        assert 1 <= t <= n and 1 <= r <= v
+        assert t * r * 4 <= max(budget, 4 * min(v, MIN_VOCAB_BLOCK)), (n, v, budget)
 
 
 @pytest.mark.parametrize("build", [tiny_llama, tiny_gpt2])
@@ -69,8 +87,8 @@ def test_bias_scale_and_softcap_match_autograd():
     y = torch.randint(0, 50, (37,))
     y[3] = -100
     for scale, cap in ((None, None), (0.7, None), (None, 2.0), (1.3, 1.5)):
-        for chunk in (5, 64):
-            ours = linear_cross_entropy(h, w, b, y, chunk, scale=scale, softcap=cap)
+        for blocks in ((5, 50), (64, 50), (37, 7), (5, 16), (64, 64)):
+            ours = linear_cross_entropy(h, w, b, y, blocks, scale=scale, softcap=cap)
             z = h @ w.t() + b
             z = z * scale if scale else z
             z = cap * torch.tanh(z / cap) if cap else z
@@ -124,18 +142,25 @@ def test_llama3_vocabulary_step_adds_at_most_a_quarter_of_the_float32_logits():
 
 
 @pytest.mark.parametrize("chunks", [1, 32, 256])
-def test_bf16_weight_gradient_does_not_degrade_with_chunks(chunks):
+@pytest.mark.parametrize("split", ["vocab", "tokens"])
+def test_bf16_weight_gradient_does_not_degrade_with_chunks(chunks, split):
     """The head's weight gradient from bf16 operands against float64 autograd on the same
-    (bf16-representable) values: within 3e-3 relative, whatever the number of chunks (a bf16
-    running sum gave 7e-3 at 32 chunks and 1.7e-2 at 256)."""
+    (bf16-representable) values: within 3e-3 relative, whatever the number of tiles, split over
+    the vocabulary (one bf16 GEMM per slice, float32 inside) or over tokens (the slices' products
+    summed in float32). A bf16 running sum gave 7e-3 at 32 chunks and 1.7e-2 at 256."""
     g = torch.Generator().manual_seed(0)
     n, h, v = 1024, 64, 512
     hidden = torch.randn(n, h, generator=g).to(torch.bfloat16)
     weight = (0.1 * torch.randn(v, h, generator=g)).to(torch.bfloat16)
     labels = torch.randint(0, v, (n,), generator=g)
     w64 = weight.double().requires_grad_(True)
-    torch.nn.functional.cross_entropy(hidden.double() @ w64.t(), labels, reduction="sum").backward()
-    w = weight.clone().requires_grad_(True)
-    linear_cross_entropy(hidden, w, None, labels, n // chunks).sum().backward()
+    h64 = hidden.double().requires_grad_(True)
+    torch.nn.functional.cross_entropy(h64 @ w64.t(), labels, reduction="sum").backward()
+    w, hid = weight.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    blocks = (n, v // chunks) if split == "vocab" else (n // chunks, v)
+    linear_cross_entropy(hid, w, None, labels, blocks).sum().backward()
+    assert w.grad.dtype == torch.bfloat16
     rel = float((w.grad.double() - w64.grad).norm() / w64.grad.norm())
     assert rel < 3e-3, rel
+    rel_h = float((hid.grad.double() - h64.grad).norm() / h64.grad.norm())
+    assert rel_h < 3e-3, rel_h

@@ -1,0 +1,138 @@
+"""``compile: true`` (rpt/compiled_blocks.py): the same training as eager, compiled once, under
+gradient checkpointing, DDP and DeepSpeed ZeRO-2, and refused in one line under ZeRO-3."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from rpt.compiled_blocks import compile_blocks, transformer_blocks
+from rpt.config import TrainConfig
+from rpt.metrics import read_metrics
+from rpt.model import RPTForCausalLM
+from rpt.training import forward, make_batch
+from tests.tiny_models import tiny_gpt2, tiny_llama
+from tests.train_helpers import (
+    MICRO,
+    ROOT,
+    accelerate_cmd,
+    env,
+    run_cmd,
+    run_train,
+    train_cmd,
+    write_config,
+    zero_launch_config,
+)
+
+with open(os.path.join(ROOT, "configs", "tiny.yaml")) as f:
+    TINY_MODEL = yaml.safe_load(f)["model"]  # the embedded default's model shape
+
+
+def losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r}
+
+
+def recompiled(stderr: str) -> bool:
+    return "Recompiling function" in stderr
+
+
+@pytest.mark.parametrize("objective", ["rpt", "ntp"])
+def test_compiled_blocks_train_like_eager_and_compile_once(tmp_path, objective):
+    """20 steps of the embedded default's model (inductor): every logged loss within 1e-4 relative of
+    the eager run, no recompilation over the steps and the evaluation at the end."""
+    cfg = write_config(tmp_path, model=TINY_MODEL, objective=objective, max_steps=20, eval_every=20, eval_batches=2,
+                       save_every=100, seq_len=64)
+    compiled_env = dict(env(), TORCH_LOGS="recompiles")
+    runs = {}
+    for name, extra in (("eager", []), ("compiled", ["compile=true"])):
+        out = subprocess.run(train_cmd(cfg, f"output_dir={tmp_path / name}", *extra), env=compiled_env,
+                             capture_output=True, text=True, timeout=400, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = out
+    assert "transformer blocks compiled with inductor" in runs["compiled"].stdout
+    assert not recompiled(runs["compiled"].stderr), runs["compiled"].stderr[-3000:]
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert sorted(eager) == sorted(compiled) == list(range(1, 21))
+    for step in eager:
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-4), step
+    evals = [r for r in read_metrics(tmp_path / "compiled" / "metrics.jsonl") if "eval_ntp_loss" in r]
+    assert evals and evals[-1]["step"] == 20
+
+
+def _grads(model, batch) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    forward(model, batch).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_gradient_checkpointing_with_compile_gives_the_same_gradients():
+    cfg = TrainConfig(model="x", data="x", objective="rpt", seq_len=32, window=3, s=1.0, q=0.2)
+    batch = make_batch(cfg, torch.randint(0, 97, (4, 33), generator=torch.Generator().manual_seed(0)), 1, 0)
+    grads = {}
+    for checkpointing in (False, True):
+        model = RPTForCausalLM.from_base(tiny_llama(), window=3).train()
+        with torch.no_grad():
+            model.offset_embedding.weight.normal_(std=0.1)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            assert compile_blocks(model) == 2
+        grads[checkpointing] = _grads(model, batch)
+    eager, compiled = grads[False], grads[True]
+    assert eager.keys() == compiled.keys()
+    for name in eager:
+        rel = float((compiled[name] - eager[name]).norm() / eager[name].norm().clamp(min=1e-30))
+        assert rel <= 1e-6, (name, rel)
+
+
+def test_blocks_are_found_in_other_architectures_and_keep_their_names():
+    model = RPTForCausalLM.from_base(tiny_gpt2(), window=2)
+    keys = list(model.state_dict())
+    assert len(transformer_blocks(model)) == 2
+    compile_blocks(model, "eager")
+    assert list(model.state_dict()) == keys  # checkpoints of a compiled run load into an eager model
+    with pytest.raises(ValueError, match="no transformer blocks"):
+        compile_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
+def test_two_process_ddp_with_compile_matches_single_process(tmp_path):
+    """The compiled blocks under DDP's gradient hooks (aot_eager: dynamo + AOTAutograd, no codegen)."""
+    cfg = write_config(tmp_path, max_steps=3, save_every=100, eval_batches=2, eval_every=3, micro_batch_size=2,
+                       compile=True, compile_backend="aot_eager")
+    single = run_train(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2")
+    assert single.returncode == 0, single.stderr[-3000:]
+    launch = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
+    ddp = run_cmd(accelerate_cmd(launch, 29523, cfg, f"output_dir={tmp_path / 'ddp'}"))
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a, b = losses(tmp_path / "single"), losses(tmp_path / "ddp")
+    assert sorted(a) == sorted(b) == [1, 2, 3]
+    for step in a:
+        assert a[step] == pytest.approx(b[step], rel=1e-4)
+
+
+def test_deepspeed_zero2_trains_compiled_and_zero3_refuses_in_one_line(tmp_path):
+    pytest.importorskip("deepspeed")
+    cfg = write_config(tmp_path, max_steps=2, save_every=100, eval_batches=1, eval_every=2, compile=True,
+                       compile_backend="aot_eager")
+    zero2 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 2), 29547, cfg))
+    assert zero2.returncode == 0, zero2.stderr[-3000:]
+    assert sorted(losses(tmp_path / "run")) == [1, 2]
+    zero3 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 3), 29548, cfg, f"output_dir={tmp_path / 'z3'}"))
+    assert zero3.returncode != 0
+    errors = [line for line in zero3.stderr.splitlines() if line.startswith("error:")]
+    assert errors and "ZeRO-3" in errors[0] and "compile" in errors[0], zero3.stderr[-2000:]
+    # the training process stops with that line; the only traceback is accelerate launch's own report of the exit
+    assert f"{os.sep}rpt{os.sep}" not in zero3.stderr.split(errors[0])[0], zero3.stderr[-3000:]
+
+
+def test_compile_backend_is_checked():
+    from rpt.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="compile_backend"):
+        validate(TrainConfig(model=MICRO["model"], data={"stdlib": {}}, compile=True, compile_backend="tensorrt"))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

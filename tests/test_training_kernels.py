@@ -1,0 +1,133 @@
+"""What a training step runs on, checked on the CPU where a GPU's speed depends on it: the dtype of
+every matrix product of a bf16 step (tensor cores), the optimizer's kernel, the attention kernel."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rpt.config import TrainConfig
+from rpt.gemm_census import GemmCensus
+from rpt.model import RPTForCausalLM
+from rpt.training import build_optimizer, forward, make_batch, optimizer_kernel
+
+
+def llama(vocab: int, layers: int, seq: int, attn: str = "sdpa", hidden: int = 128) -> RPTForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=seq + 1)
+    cfg._attn_implementation = attn
+    model = RPTForCausalLM.from_base(LlamaForCausalLM(cfg), window=3).train()
+    with torch.no_grad():
+        model.offset_embedding.weight.normal_(std=0.1)
+    return model
+
+
+def train_config(objective: str, seq: int) -> TrainConfig:
+    return TrainConfig(model="x", data="x", objective=objective, seq_len=seq, window=3, s=1.0, q=0.05)
+
+
+@pytest.mark.parametrize("objective", ["ntp", "rpt"])
+def test_bf16_step_runs_no_float32_matrix_product(objective):
+    """One bf16-autocast step of a 4-layer Llama, V = 32000, T = 512: every product (the body's, the
+    attention's and the loss head's forward, recomputation and both gradients) takes bf16 operands.
+    The head's weight gradient used to be float32 products: 22% of the step's FLOPs here."""
+    model = llama(32000, 4, 512)
+    optimizer = build_optimizer(model, train_config(objective, 512))
+    rows = torch.randint(0, 32000, (2, 513), generator=torch.Generator().manual_seed(0))
+    batch = make_batch(train_config(objective, 512), rows, 1, 0)
+    with GemmCensus() as census:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = forward(model, batch)
+        out.loss.backward()
+        optimizer.step()
+    head = 2 * 1024 * 128 * 32000  # one [tokens, hidden] x [hidden, vocab] product
+    assert census.flops[torch.bfloat16] >= 4 * head  # forward, recomputation, both gradients: all seen
+    assert census.share(torch.float32) == 0.0, census.shapes.get(torch.float32)
+    assert torch.isfinite(out.loss)
+
+
+def test_census_sees_float32_products():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with GemmCensus() as census:
+        torch.mm(a, b)
+        torch.zeros(8, 4).addmm_(a, b)  # an in-place product counts as its out-of-place form
+        torch.mm(a.bfloat16(), b.bfloat16())
+    assert census.flops[torch.float32] == 2 * 2 * 8 * 16 * 4
+    assert census.share(torch.float32) == pytest.approx(2 / 3)
+
+
+def test_fused_adamw_is_chosen_where_torch_has_it():
+    assert optimizer_kernel("cuda") == {"fused": True}
+    assert optimizer_kernel(torch.device("cuda", 1)) == {"fused": True}
+    assert optimizer_kernel("cpu") == {"fused": True}
+    assert optimizer_kernel("meta") == {"foreach": True}  # no fused kernel there: the multi-tensor one
+    model = llama(300, 1, 16, hidden=32)
+    optimizer = build_optimizer(model, train_config("rpt", 16), torch.device("cuda"))
+    assert optimizer.defaults["fused"] is True and not optimizer.defaults["foreach"]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_fused_adamw_steps_equal_foreach_steps():
+    """Two steps of the fused AdamW and two of the foreach one from the same state and gradients."""
+    params = {}
+    for kernel in ({"fused": True}, {"foreach": True}):
+        model = llama(300, 2, 16, hidden=32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, **kernel)
+        for step in range(2):
+            gen = torch.Generator().manual_seed(step)
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            optimizer.step()
+        params[next(iter(kernel))] = [p.detach().clone() for p in model.parameters()]
+    moved = 0.0
+    start = [p.detach() for p in llama(300, 2, 16, hidden=32).parameters()]
+    for fused, foreach, before in zip(params["fused"], params["foreach"], start):
+        torch.testing.assert_close(fused, foreach, rtol=1e-6, atol=1e-7)
+        moved = max(moved, float((foreach - before).abs().max()))
+    assert moved > 1e-3  # the steps did move the weights
+
+
+class AttentionWatch(TorchDispatchMode):
+    """The attention kernels dispatched, and any tensor of shape [..., T, T] (a dense mask or scores)."""
+
+    def __init__(self, length: int):
+        super().__init__()
+        self.length, self.kernels, self.square = length, set(), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if "attention" in func.__name__:
+            self.kernels.add(func.__name__.split(".")[0])
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and o.dim() >= 2 and o.shape[-2:] == (self.length, self.length):
+                self.square.append((func.__name__, tuple(o.shape)))
+        return out
+
+
+@pytest.mark.parametrize("objective", ["ntp", "rpt"])
+def test_training_attention_is_the_fused_causal_kernel_at_2048(objective):
+    """Both objectives' forward and backward at T = 2048 run sdpa's fused (flash) kernel with no
+    [batch, 1, T, T] mask and no T x T scores; loss and gradients equal the eager (explicit-mask,
+    explicit-softmax) attention of the same model."""
+    T = 2048
+    rows = torch.randint(0, 256, (2, T + 1), generator=torch.Generator().manual_seed(1))
+    batch = make_batch(train_config(objective, T), rows, 1, 0)
+    if objective == "rpt":
+        assert (batch.position_ids != torch.arange(T)).any()  # permuted
+    results = {}
+    for attn in ("sdpa", "eager"):
+        model = llama(256, 1, T, attn=attn, hidden=64)
+        watch = AttentionWatch(T)
+        with watch:
+            out = forward(model, batch)
+            out.loss.backward()
+        results[attn] = (out.loss.detach(), {n: p.grad for n, p in model.named_parameters()}, watch)
+    (loss, grads, watch), (ref_loss, ref_grads, ref_watch) = results["sdpa"], results["eager"]
+    assert watch.kernels == {"_scaled_dot_product_flash_attention_for_cpu",
+                             "_scaled_dot_product_flash_attention_for_cpu_backward"}, watch.kernels
+    assert watch.square == []
+    assert ref_watch.square  # the eager attention does build T x T tensors: the watch sees them
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    for name, g in ref_grads.items():
+        assert float((grads[name] - g).norm() / g.norm()) < 1e-4, name
