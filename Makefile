@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # tiny model down by 10x as soon as anything else runs.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow demo bench lint clean
+.PHONY: setup test test-slow demo bench bench-gpu lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench: $(VENV)/.installed
 	$(BENCH) benchmarks/inverse_cdf.py
 	$(BENCH) benchmarks/rpt_decode.py
 	$(BENCH) benchmarks/sandbox_throughput.py
+
+# One pass on a CUDA machine (benchmarks/gpu_measure.sh: STEPS=..., BASELINE=DIR, OUT=DIR); it uses
+# .venv when there is one, else the python3 on PATH (a GPU machine's own torch).
+bench-gpu:
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash benchmarks/gpu_measure.sh
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check rpt tests benchmarks eval *.py

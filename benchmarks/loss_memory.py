@@ -1,6 +1,7 @@
 """Peak memory one forward + backward with labels adds, chunked loss vs plain float32 logits.
 
     python benchmarks/loss_memory.py [--vocab 128256 --batch 2 --seq 1024 --hidden 64 --device cpu]
+    python benchmarks/loss_memory.py --head-only --hidden 2048 --batch 1 --seq 512   # the loss head alone, bf16
 
 Each loss runs in a fresh process (so one's allocations cannot hide the other's): a Llama body
 of ``--layers`` x ``--hidden`` with a ``--vocab`` head, batch x seq tokens, fp32. "Adds" is the
@@ -65,6 +66,36 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
     return {"loss": loss, "added_mb": peak - before, "float32_logits_mb": logits_mb, "value": float(value.detach())}
 
 
+def measure_head(vocab: int, tokens: int, hidden: int, device: str, budget_mb: int = 32) -> dict:
+    """The tiled loss head alone in bf16 (rpt.loss): what its forward + backward add to peak memory,
+    against the bound "one float32 head gradient plus one tile of float32 logits". Its weight
+    gradient comes back in bf16 (half that float32 gradient), formed slice by slice."""
+    import torch
+
+    from rpt.loss import linear_cross_entropy, plan_blocks
+    from rpt.metrics import _proc_status_mb, current_memory_mb, reset_cpu_peak
+
+    g = torch.Generator().manual_seed(0)
+    hid = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device).requires_grad_(True)
+    weight = (0.02 * torch.randn(vocab, hidden, generator=g)).to(torch.bfloat16).to(device).requires_grad_(True)
+    labels = torch.randint(0, vocab, (tokens,), generator=g).to(device)
+    blocks = plan_blocks(tokens, vocab, budget_mb << 20)
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
+    else:
+        before = current_memory_mb()
+        assert reset_cpu_peak(), "needs Linux /proc/self/clear_refs"
+    linear_cross_entropy(hid, weight, None, labels, blocks).sum().backward()
+    if cuda:
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _proc_status_mb("VmHWM")
+    bound = (4 * vocab * hidden + 4 * blocks.tokens * blocks.vocab) / 2**20
+    return {"added_mb": peak - before, "bound_mb": bound, "blocks": list(blocks)}
+
+
 def run_in_subprocess(loss: str, args, save_grads: str | None = None) -> dict:
     code = (f"import json, benchmarks.loss_memory as m; print(json.dumps(m.measure({loss!r}, {args.vocab}, {args.batch}, "
             f"{args.seq}, {args.hidden}, {args.layers}, {args.device!r}, {save_grads!r})))")
@@ -81,7 +112,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--only", choices=["chunked", "plain"], default=None)
+    ap.add_argument("--head-only", action="store_true", help="the bf16 loss head alone, against its memory bound")
     args = ap.parse_args()
+    if args.head_only:
+        r = measure_head(args.vocab, args.batch * args.seq, args.hidden, args.device)
+        print(f"bf16 loss head, V={args.vocab}, H={args.hidden}, {args.batch * args.seq} tokens, tiles {r['blocks']}: "
+              f"adds {r['added_mb']:.0f} MB to peak memory (bound: one float32 head gradient + one tile of logits "
+              f"= {r['bound_mb']:.0f} MB)")
+        return
     import os
     import tempfile
 

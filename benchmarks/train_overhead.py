@@ -1,10 +1,15 @@
 """Training throughput of ``objective=rpt`` against ``objective=ntp``, alternated in one process.
 
     python benchmarks/train_overhead.py [--steps 12 --rounds 5 --device cpu --precision fp32 --attn sdpa]
+                                        [--compile] [--optimizer auto|foreach|fused]
 
 Same model, same packed batches, same optimizer; the two objectives take turns in blocks of
 ``--steps`` optimizer steps so machine load affects both alike. Prints tokens/s of each and the
 ratio rpt / ntp (the goal is >= 0.98); on a GPU also the MFU estimate of each and the peak memory.
+``--compile`` compiles each transformer block as ``compile: true`` does (the first warm-up block
+pays the compilation); ``--optimizer`` overrides the AdamW kernel ``build_optimizer`` picks (fused
+where torch has one). With ``--precision bf16`` it also prints the share of the step's matrix-product
+FLOPs that ran in float32 (rpt.gemm_census; 0 means every product can use the tensor cores).
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rpt.compiled_blocks import compile_blocks
 from rpt.config import TrainConfig
+from rpt.gemm_census import GemmCensus
 from rpt.metrics import device_peak_flops, flops_per_token
 from rpt.model import RPTForCausalLM
 from rpt.training import build_optimizer, forward, make_batch
@@ -34,6 +41,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--attn", default="sdpa", help="attn_implementation: sdpa | eager | flash_attention_2")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each transformer block (compile: true)")
+    ap.add_argument("--optimizer", default="auto", choices=["auto", "foreach", "fused"],
+                    help="AdamW kernel (auto: what training uses, fused where torch has one)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -47,9 +57,25 @@ def main() -> None:
                           micro_batch_size=args.batch, lr=1e-4)
         for name in ("ntp", "rpt")
     }
+    fpt = flops_per_token(model, args.seq_len)  # counted on the bare model
+    if args.compile:
+        compile_blocks(model)
     optimizer = build_optimizer(model, configs["rpt"])
+    if args.optimizer != "auto":
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+        optimizer = torch.optim.AdamW(groups, lr=1e-4, **{args.optimizer: True})
     data = torch.randint(0, args.vocab, (args.batch * 8, args.seq_len + 1))
     autocast = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    def float32_share() -> float:
+        """The float32 share of one rpt step's matrix-product FLOPs (its update is not applied)."""
+        batch = make_batch(configs["rpt"], data[: args.batch], 1, 0).to(args.device)
+        with GemmCensus() as census, torch.compiler.set_stance("force_eager"):  # the census sees eager ops
+            with autocast:
+                out = forward(model, batch)
+            out.loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+        return census.share(torch.float32)
 
     def block(name: str, round_index: int) -> float:
         cfg = configs[name]
@@ -78,17 +104,20 @@ def main() -> None:
             rates[name].append(block(name, r + 1))
     ntp, rpt = statistics.median(rates["ntp"]), statistics.median(rates["rpt"])
     params = sum(p.numel() for p in model.parameters()) / 1e6
+    kernel = "fused" if optimizer.defaults.get("fused") else "foreach" if optimizer.defaults.get("foreach") else "for-loop"
     print(f"{params:.1f}M-param Llama, batch {args.batch} x {args.seq_len}, {args.device} {args.precision}, "
-          f"{args.rounds} alternating blocks of {args.steps} steps (median)")
+          f"{args.rounds} alternating blocks of {args.steps} steps (median); blocks "
+          f"{'compiled' if args.compile else 'eager'}, AdamW {kernel}")
     print(f"objective=ntp: {ntp:10.0f} tokens/s")
     print(f"objective=rpt: {rpt:10.0f} tokens/s   (w=3, s=0.5, q=0.02)")
     print(f"rpt / ntp = {rpt / ntp:.3f}")
     peak = device_peak_flops(torch.device(args.device), args.precision)
     if peak:
-        fpt = flops_per_token(model, args.seq_len)
         print(f"MFU (nanoGPT estimate, {peak / 1e12:.0f} TFLOP/s peak): ntp {ntp * fpt / peak:.3f}, rpt {rpt * fpt / peak:.3f}")
     if args.device.startswith("cuda"):
         print(f"peak memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+    if args.precision == "bf16":
+        print(f"float32 share of the step's matrix-product FLOPs: {100 * float32_share():.2f}%")
 
 
 if __name__ == "__main__":

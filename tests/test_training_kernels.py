@@ -1,6 +1,8 @@
 """What a training step runs on, checked on the CPU where a GPU's speed depends on it: the dtype of
 every matrix product of a bf16 step (tensor cores), the optimizer's kernel, the attention kernel."""
 
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -131,3 +133,35 @@ def test_training_attention_is_the_fused_causal_kernel_at_2048(objective):
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
     for name, g in ref_grads.items():
         assert float((grads[name] - g).norm() / g.norm()) < 1e-4, name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bf16_steps_fused_and_compiled_equal_eager():
+    """On a GPU: the fused AdamW is what training builds, the bf16 step's products are all bf16, and
+    three steps with compiled blocks give eager's losses."""
+    from rpt.compiled_blocks import compile_blocks
+
+    cfg = train_config("rpt", 256)
+    rows = torch.randint(0, 32000, (4, 257), generator=torch.Generator().manual_seed(0))
+    losses = {}
+    for compiled in (False, True):
+        model = llama(32000, 2, 256).cuda()
+        if compiled:
+            compile_blocks(model)
+        optimizer = build_optimizer(model, cfg, torch.device("cuda"))
+        assert optimizer.defaults["fused"] is True
+        losses[compiled] = []
+        for step in range(1, 4):
+            batch = make_batch(cfg, rows, step, 0).to("cuda")
+            census = GemmCensus() if step == 1 and not compiled else contextlib.nullcontext()
+            with census:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    out = forward(model, batch)
+                out.loss.backward()
+            if isinstance(census, GemmCensus):
+                assert census.share(torch.float32) == 0.0, census.shapes.get(torch.float32)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[compiled].append(out.loss.item())
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)  # bf16: kernels round differently

@@ -1,0 +1,74 @@
+#!/bin/bash
+# One GPU pass over the project: `make bench-gpu`, or `bash benchmarks/gpu_measure.sh` from the
+# project root on a CUDA machine. BUDGET (seconds, default 520) bounds the whole pass; each step
+# has its own bound as well, so one slow step cannot take the rest. Everything printed also goes
+# to $OUT/log.txt. The first GPU figures (one H200) are in benchmarks/RESULTS.md, taken by this
+# pass; a new run stands beside them.
+#
+#   STEPS="env train_1b train_1b_new"   run only these steps (names below; default: all)
+#   BASELINE=DIR                        also run the *_base steps from another checkout of the
+#                                       project (the previous commit: `git worktree add DIR HEAD~1`,
+#                                       or `git archive HEAD~1 | tar -x -C DIR`), in the same pass,
+#                                       so that the two compare on one device
+#
+# Where packages cannot be installed, put the missing wheels in .whl/ first; they are installed
+# from there into a temporary folder (shared/gpu/README.md lists them).
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+T0=$(date +%s)
+SITE=""
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && SITE=/tmp/site: || echo "wheel install failed"
+fi
+export PYTHONPATH=$SITE$PWD
+BUDGET=${BUDGET:-520}
+STEPS=${STEPS:-}
+BASELINE=${BASELINE:-}
+step() { local name=$1 t=$2; shift 2
+         if [ -n "$STEPS" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
+         local left=$(( BUDGET - ($(date +%s) - T0) ))
+         [ $left -lt 20 ] && { echo "=== [$name] skipped: ${left}s of the budget left"; return; }
+         [ $t -gt $left ] && t=$left
+         echo; echo "=== [$name] t+$(( $(date +%s) - T0 ))s bound ${t}s: $*"
+         local s=$(date +%s); timeout -k 5 "$t" "$@" 2>&1; echo "=== [$name] rc=$? $(( $(date +%s) - s ))s"; }
+# A step run from the BASELINE checkout (skipped without one).
+base() { local name=$1 t=$2; shift 2; [ -n "$BASELINE" ] || return 0
+         step "$name" "$t" env PYTHONPATH="$SITE$(cd "$BASELINE" && pwd)" bash -c 'cd "$0" && exec "$@"' "$BASELINE" "$@"; }
+
+step env 60 python3 - <<'PY'
+import subprocess, torch, transformers
+print(subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"], capture_output=True, text=True).stdout)
+print("torch", torch.__version__, "transformers", transformers.__version__)
+x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.synchronize(); a.record()
+for _ in range(10): y.copy_(x)
+b.record(); torch.cuda.synchronize(); ms = a.elapsed_time(b) / 10
+print(f"device copy 2 GiB: {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write): the decode bandwidth limit")
+w = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+for _ in range(3): w @ w
+torch.cuda.synchronize(); a.record()
+for _ in range(10): w @ w
+b.record(); torch.cuda.synchronize(); print(f"bf16 8192^3 matmul: {2 * 8192**3 / (a.elapsed_time(b) / 10) / 1e9:.0f} TFLOP/s")
+PY
+
+# Training, a 1.33B Llama (Llama-3 vocabulary), bf16 autocast, T = 2048: MFU, rpt / ntp, peak memory.
+TRAIN_1B="--device cuda --precision bf16 --hidden 2048 --layers 16 --vocab 128256 --seq-len 2048 --batch 4 --steps 3 --rounds 3"
+step train_1b 150 python3 benchmarks/train_overhead.py $TRAIN_1B                    # eager blocks, fused AdamW, tiled loss
+step train_1b_new 240 python3 benchmarks/train_overhead.py $TRAIN_1B --compile      # + compile: true
+base train_1b_base 150 python3 benchmarks/train_overhead.py $TRAIN_1B               # the baseline checkout's path
+
+# Decoding and the LZ penalty.
+step lz_b8 70 python3 benchmarks/lz_penalty.py --device cuda --batch 8
+step decode_b1 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --new-tokens 128 --repeats 3
+step decode_b1_compile 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
+step decode_b16 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --compile --batch 16 --new-tokens 128 --repeats 2
+
+step pytest_cuda 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests
+step train_tiny 90 python3 train.py --config configs/tiny.yaml precision=bf16 max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny
+step train_tiny_compile 150 python3 train.py --config configs/tiny.yaml precision=bf16 compile=true max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny-compile
+echo "=== all done t+$(( $(date +%s) - T0 ))s"
