@@ -280,9 +280,13 @@ def apply_codelength(scores: torch.Tensor, tokens: torch.Tensor, depth: torch.Te
         current = scores.gather(1, idx)
         new = current.sub_(pen) if current.dtype == torch.float32 else (current.float() - pen).to(scores.dtype)
         return scores.scatter_reduce_(1, idx, new, reduce="amin", include_self=True)
-    # a subset of rows: flat positions in the [rows, V] logits, so no [n, V] copy is made
-    flat = scores.view(-1)
-    where = (rows.to(idx.dtype)[:, None] * width + idx).view(-1)
+    # a subset of rows: flat positions in the [rows, V] logits, so no [n, V] copy is made. Through
+    # the row stride: vLLM hands over a slice of a wider buffer, which .view(-1) refuses.
+    if scores.stride(-1) != 1:
+        raise ValueError("apply_codelength(rows=...) needs logits whose last dimension is contiguous")
+    stride = scores.stride(0)
+    flat = scores.as_strided(((scores.shape[0] - 1) * stride + width,), (1,))
+    where = (rows.to(idx.dtype)[:, None] * stride + idx).view(-1)
     new = (flat[where].float() - pen.view(-1)).to(scores.dtype)
     flat.scatter_reduce_(0, where, new, reduce="amin", include_self=True)
     return scores
