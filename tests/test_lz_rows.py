@@ -116,3 +116,12 @@ def test_settings_default_as_sampling_config_and_absent_or_zero_is_off():
     assert LZSettings.from_extra_args({"other_plugin": 1}) is None
     assert LZSettings.from_extra_args({"lz_penalty": 0}) is None
     assert LZSettings.from_extra_args({"lz_penalty": 0.15}) == LZSettings(0.15, 512, 32, "codelength", False)
+
+
+def test_include_prompt_as_the_http_api_delivers_it():
+    """vllm_xargs values are str | int | float: a JSON true reaches the processor as 1."""
+    for value in (1, "true", True):
+        assert LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_include_prompt": value}).include_prompt is True
+    assert LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_include_prompt": 0}).include_prompt is False
+    with pytest.raises(ValueError, match="lz_include_prompt=2 is invalid: use True or False"):
+        LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_include_prompt": 2})

@@ -46,6 +46,12 @@ class LZSettings:
         if "lz_penalty" not in asked:
             raise ValueError(f"extra_args {sorted(asked)} without 'lz_penalty': add lz_penalty=alpha (e.g. 0.15) "
                              "to turn the LZ penalty on")
+        flag = asked.get("lz_include_prompt")
+        # vLLM's HTTP API types extra_args values as str | int | float: a JSON true arrives as 1
+        if isinstance(flag, str) and flag.lower() in ("true", "false"):
+            asked["lz_include_prompt"] = flag.lower() == "true"
+        elif type(flag) is int and flag in (0, 1):
+            asked["lz_include_prompt"] = bool(flag)
         try:
             config = SamplingConfig(**asked)
         except ValueError as e:  # SamplingConfig's message names the field and the fix
