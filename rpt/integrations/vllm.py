@@ -142,14 +142,48 @@ class LZPenaltyV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
         return self._tables[key]
 
 
+class _SecondV1(V1LogitsProcessor):
+    """A second LZ processor in one engine: does nothing, so the penalty is applied once."""
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def is_argmax_invariant(self) -> bool:
+        return True  # vLLM skips it for greedy requests
+
+    def update_state(self, batch_update) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+
+class _SecondV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        return False
+
+    def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+        return logits
+
+
+_BUILT: dict[tuple[int, bool], object] = {}  # (id of the engine's config, V2?) -> that config
+
+
 class LZPenalty(*([V1LogitsProcessor] + ([V2LogitsProcessor] if V2LogitsProcessor else []))):
     """What vLLM loads (entry point or class path): an :class:`LZPenaltyV1` when the V1 runner builds it
     (``vllm_config, device, is_pin_memory``), an :class:`LZPenaltyV2` when Model Runner V2 does
     (``vllm_config, req_states``)."""
 
     def __new__(cls, vllm_config, *args):
+        v2 = len(args) == 1
+        key = (id(vllm_config), v2)
+        if _BUILT.get(key) is vllm_config:
+            # installed rpt's entry point and a --logits-processors class path both name it: one engine,
+            # one penalty (the identity check, not the id alone, since ids are reused)
+            return _SecondV2() if v2 else _SecondV1()
+        _BUILT[key] = vllm_config
         # Returning an instance of another class skips LZPenalty.__init__: the one built is complete.
-        return LZPenaltyV2(vllm_config, *args) if len(args) == 1 else LZPenaltyV1(vllm_config, *args)
+        return LZPenaltyV2(vllm_config, *args) if v2 else LZPenaltyV1(vllm_config, *args)
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:

@@ -86,6 +86,22 @@ def test_the_loaded_class_builds_what_each_runner_calls_for():
         LZPenalty.validate_params(SimpleNamespace(extra_args={"lz_penalty": 0.1, "lz_buffer": 0}))
 
 
+def test_named_twice_in_one_engine_the_penalty_is_applied_once():
+    """The entry point and a --logits-processors class path build it twice for one engine config."""
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=2))
+    first = LZPenalty(config, torch.device("cpu"), False)
+    second = LZPenalty(config, torch.device("cpu"), False)
+    assert isinstance(first, LZPenaltyV1) and not isinstance(second, LZPenaltyV1)
+    added = [(0, params(REQUESTS[0][0]), [1, 2], [1, 2, 1, 2])]
+    logits = torch.randn(1, V)
+    out = logits.clone()
+    for proc in (first, second):
+        proc.update_state(SimpleNamespace(removed=[], added=added, moved=[]))
+        out = proc.apply(out)
+    torch.testing.assert_close(out[0], truth(logits[0], REQUESTS[0][0], [1, 2, 1, 2, 1, 2], 2))
+    assert isinstance(LZPenalty(SimpleNamespace(scheduler_config=config.scheduler_config), "cpu", False), LZPenaltyV1)
+
+
 def test_the_entry_point_is_installed():
     from importlib.metadata import entry_points
 
