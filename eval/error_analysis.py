@@ -35,6 +35,7 @@ from tqdm import tqdm
 from rpt.evaluation import error_analysis as ea
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.evaluation.report import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.model import RPT_TABLE_NAME
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16
@@ -141,7 +142,8 @@ def checkpoint_fingerprint(path: str) -> list:
     directory must not reuse stale results."""
     root = Path(path).resolve()
     files = sorted(f for f in root.iterdir() if f.suffix == ".safetensors" or f.name.endswith("config.json"))
-    return [str(root)] + [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    files += [f for f in [root / RPT_TABLE_NAME] if f.is_file()]  # the offset table, in its subfolder
+    return [str(root)] + [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def item_id(settings: list, context: list[int], truth: int) -> str:

@@ -107,7 +107,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    from rpt.model import RPT_CONFIG_NAME, RPT_FORMAT_VERSION, RPT_TABLE_NAME, offset_rows
+    from rpt.model import RPT_CONFIG_NAME, RPT_FORMAT_VERSION, offset_rows, save_table
 
     if state_dict is None:
         state_dict = model.state_dict()
@@ -129,7 +129,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
         base_ref = config.base_model_name_or_path = base
     config.save_pretrained(path)
     table = state_dict["offset_embedding.weight"]
-    save_file({"offset_embedding.weight": table.detach().cpu().contiguous()}, os.path.join(path, RPT_TABLE_NAME))
+    save_table({"offset_embedding.weight": table.detach().cpu().contiguous()}, path)
     with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
         json.dump({"window": model.window, "offset_rows": offset_rows(model.window), "format_version": RPT_FORMAT_VERSION,
                    "ntp_row_folded": False, "lora": {"base": base_ref, **section}}, f, indent=2)

@@ -8,11 +8,16 @@ conditional of the permuted-window objective (see :mod:`rpt.objective`).
 The table is **zero-initialised**, so a freshly wrapped model computes exactly the base model's
 logits: fine-tuning starts from the pretrained NTP model, as in the paper.
 
-A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus two files,
-``rpt_config.json`` and ``rpt_offset_embedding.safetensors``. Its base weights hold the table's NTP
-row folded into the input embedding (format version 2, :mod:`rpt.faithful`), so
-``AutoModelForCausalLM`` loads exactly the trained model's next-token predictor; version-1
-checkpoints (unfolded) still load here.
+A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus ``rpt_config.json``
+and the offset table in ``rpt_table/offset_embedding.safetensors``. Its base weights hold the
+table's NTP row folded into the input embedding (format version 2, :mod:`rpt.faithful`), so
+``AutoModelForCausalLM`` -- and vLLM -- loads exactly the trained model's next-token predictor;
+version-1 checkpoints (unfolded) still load here.
+
+The table lives in a subfolder because engines that serve the plain model (vLLM, SGLang, TGI)
+load every top-level ``*.safetensors`` of the directory and refuse a tensor the architecture does
+not have. Checkpoints written before that (the table at the top level, :data:`LEGACY_TABLE_NAME`)
+still load here.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from rpt.loss import linear_cross_entropy, plan_blocks
 from rpt.objective import IGNORE_INDEX
 
 RPT_CONFIG_NAME = "rpt_config.json"
-RPT_TABLE_NAME = "rpt_offset_embedding.safetensors"
+# Not a top-level *.safetensors: weight loaders that glob the directory would read it as model weights.
+RPT_TABLE_NAME = "rpt_table/offset_embedding.safetensors"
+LEGACY_TABLE_NAME = "rpt_offset_embedding.safetensors"  # where checkpoints before the subfolder kept it
 RPT_FORMAT_VERSION = FORMAT_FOLDED
 TIED_TABLE_KEY = "offset_embedding.tied_absolute"  # the absolute table of a model saved untied from tied
 
@@ -83,6 +90,28 @@ def _output(out, **fields) -> RPTOutput:
 def offset_rows(window: int) -> list[str]:
     """The offset table's rows as ``rpt_config.json`` names them: ``+1`` (NTP), ``-1..-(w-1)``, ``+w``."""
     return ["+1"] + [f"-{l}" for l in range(1, window)] + [f"+{window}"]
+
+
+def table_path(path_or_id: str | os.PathLike, **lookup) -> str:
+    """The local file of a checkpoint's offset table: :data:`RPT_TABLE_NAME`, else the top-level
+    :data:`LEGACY_TABLE_NAME` of older checkpoints. ``lookup``: ``cached_file``'s hub arguments."""
+    path_or_id = str(path_or_id)
+    for name in (RPT_TABLE_NAME, LEGACY_TABLE_NAME):
+        found = cached_file(path_or_id, name, _raise_exceptions_for_missing_entries=False, **lookup)
+        if found is not None:
+            return found
+    raise FileNotFoundError(f"{path_or_id} has {RPT_CONFIG_NAME} but no offset table ({RPT_TABLE_NAME} or "
+                            f"{LEGACY_TABLE_NAME}): copy the whole checkpoint directory, or re-save the model")
+
+
+def save_table(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Write the offset table into checkpoint directory ``path`` (:data:`RPT_TABLE_NAME`)."""
+    target = os.path.join(path, RPT_TABLE_NAME)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    save_file(tensors, target)
+    legacy = os.path.join(path, LEGACY_TABLE_NAME)
+    if os.path.exists(legacy):  # saved over an old checkpoint: its top-level table would break vLLM's load
+        os.remove(legacy)
 
 
 def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Tensor | None, window: int):
@@ -184,7 +213,7 @@ class RPTForCausalLM(nn.Module):
         # Version 1 holds E and the absolute table, version 2 E + table[0] and table - table[0]:
         # either way embed() computes E + table[o], so both load the same way.
         model = cls(base, trained)
-        table_file = cached_file(path_or_id, RPT_TABLE_NAME, **lookup)
+        table_file = table_path(path_or_id, **lookup)
         tensors = load_file(table_file)
         table = tensors["offset_embedding.weight"]
         if retie and TIED_TABLE_KEY in tensors and base.get_output_embeddings() is not None:
@@ -228,7 +257,7 @@ class RPTForCausalLM(nn.Module):
         tensors = {"offset_embedding.weight": table.detach().cpu().contiguous()}
         if tied:  # the absolute table too: RPTForCausalLM.from_pretrained ties the model again, exactly
             tensors[TIED_TABLE_KEY] = absolute.detach().cpu().contiguous()
-        save_file(tensors, os.path.join(path, RPT_TABLE_NAME))
+        save_table(tensors, path)
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
             json.dump({"window": self.window, "offset_rows": offset_rows(self.window), "format_version": RPT_FORMAT_VERSION,
                        "ntp_row_folded": True, "untied_embeddings": tied}, f, indent=2)

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from rpt.model import RPT_CONFIG_NAME, RPT_TABLE_NAME, RPTForCausalLM
+from rpt.model import LEGACY_TABLE_NAME, RPT_CONFIG_NAME, RPT_TABLE_NAME, RPTForCausalLM
 from rpt.objective import make_rpt_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
 
@@ -91,7 +91,8 @@ def test_format_version_1_checkpoint_still_loads(tmp_path):
     """A checkpoint as written before the fold: unfolded base weights and the absolute table."""
     model = rpt_model("llama-untied", seed=3)
     model.lm.save_pretrained(tmp_path)
-    save_file({"offset_embedding.weight": model.offset_embedding.weight.detach().clone()}, str(tmp_path / RPT_TABLE_NAME))
+    # the table at the top level, where checkpoints kept it before rpt_table/
+    save_file({"offset_embedding.weight": model.offset_embedding.weight.detach().clone()}, str(tmp_path / LEGACY_TABLE_NAME))
     (tmp_path / RPT_CONFIG_NAME).write_text(json.dumps({"window": 3, "offset_rows": ["+1", "-1", "-2", "+3"]}))
     x, ids, kw = ptp_inputs(2)
     with torch.no_grad():
@@ -102,6 +103,45 @@ def test_format_version_1_checkpoint_still_loads(tmp_path):
         loaded.save_pretrained(tmp_path / "v2")
         plain = AutoModelForCausalLM.from_pretrained(tmp_path / "v2")
         assert (plain(x).logits - model(x).logits).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama-tied", "llama-untied"])
+def test_top_level_safetensors_hold_only_the_plain_models_weights(tmp_path, arch):
+    """What vLLM, SGLang and TGI read: every top-level *.safetensors, each tensor of which must be a
+    parameter of the plain architecture (vLLM refuses any other); the table sits in a subfolder."""
+    from safetensors import safe_open
+
+    rpt_model(arch).save_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path)
+    names = set()
+    for f in tmp_path.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            names |= set(st.keys())
+    assert names == set(plain.state_dict())
+    assert (tmp_path / RPT_TABLE_NAME).is_file() and not (tmp_path / LEGACY_TABLE_NAME).exists()
+
+
+def test_a_faithful_checkpoint_with_the_table_at_the_top_level_loads_and_resaves_without_it(tmp_path):
+    """Version-2 checkpoints written before rpt_table/ keep the table at the top level."""
+    model = rpt_model("llama-tied", seed=6)
+    model.save_pretrained(tmp_path)
+    (tmp_path / RPT_TABLE_NAME).rename(tmp_path / LEGACY_TABLE_NAME)
+    (tmp_path / RPT_TABLE_NAME).parent.rmdir()
+    x, ids, kw = ptp_inputs(3)
+    with torch.no_grad():
+        loaded = RPTForCausalLM.from_pretrained(tmp_path)
+        assert torch.equal(loaded(ids, **kw).logits, model(ids, **kw).logits)
+        loaded.save_pretrained(tmp_path)  # over itself: the top-level copy goes
+    assert (tmp_path / RPT_TABLE_NAME).is_file() and not (tmp_path / LEGACY_TABLE_NAME).exists()
+    with torch.no_grad():
+        assert torch.equal(RPTForCausalLM.from_pretrained(tmp_path)(ids, **kw).logits, model(ids, **kw).logits)
+
+
+def test_a_checkpoint_without_its_table_is_one_clear_error(tmp_path):
+    rpt_model("llama-untied").save_pretrained(tmp_path)
+    (tmp_path / RPT_TABLE_NAME).unlink()
+    with pytest.raises(FileNotFoundError, match="no offset table.*copy the whole checkpoint directory"):
+        RPTForCausalLM.from_pretrained(tmp_path)
 
 
 def test_unknown_format_version_is_one_clear_error(tmp_path):

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rpt.lora import add_lora, check_section, save_lora_checkpoint
-from rpt.model import RPTForCausalLM
+from rpt.model import RPT_TABLE_NAME, RPTForCausalLM
 from rpt.objective import make_rpt_batch
 from tests.scripts import load_script
 from tests.tiny_models import tiny_gpt2, tiny_llama
@@ -93,7 +93,8 @@ def test_train_with_lora_then_sample_and_merge(tmp_path, capsys):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "LoRA: training 1,024 of 38,816 parameters (2.64%): adapter 896 + offset table 128" in res.stdout
     final = tmp_path / "run" / "final"
-    assert {"adapter_config.json", "adapter_model.safetensors", "rpt_offset_embedding.safetensors"} <= set(os.listdir(final))
+    assert {"adapter_config.json", "adapter_model.safetensors", "rpt_config.json"} <= set(os.listdir(final))
+    assert (final / RPT_TABLE_NAME).is_file()
     sample = load_script("sample.py")
     code = sample.main(["--checkpoint", str(final), "--prompt", "def add(a,", "--max-new-tokens", "8",
                         "--rpt-iters", "1", "--rpt-window", "3"])
@@ -112,7 +113,7 @@ def test_train_with_lora_then_sample_and_merge(tmp_path, capsys):
 def adapter_tensors(final):
     from safetensors.torch import load_file
 
-    return load_file(str(final / "adapter_model.safetensors")), load_file(str(final / "rpt_offset_embedding.safetensors"))
+    return load_file(str(final / "adapter_model.safetensors")), load_file(str(final / RPT_TABLE_NAME))
 
 
 @pytest.mark.slow

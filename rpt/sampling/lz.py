@@ -232,6 +232,78 @@ def lz_penalty(
     return penalty if context.dim() == 2 else penalty[0]
 
 
+def grow_matches(tokens: torch.Tensor, s: torch.Tensor, new: torch.Tensor, buffer: int) -> torch.Tensor:
+    r"""One token ``new [rows, 1]`` appended after the window ``tokens [rows, m]`` with match lengths
+    ``s``: ``grown[:, c]`` = :math:`[t_c = x]\min(s_c + 1, B)`, the new match length of the token
+    that follows column c (``new`` itself for the last column). Gaps (-1) never match."""
+    return (s + 1).clamp_(max=buffer).masked_fill_(tokens != new, 0)
+
+
+def append_token(tokens: torch.Tensor, s: torch.Tensor, new: torch.Tensor, buffer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`grow_matches` in a fixed-width window: ``tokens`` right-aligned with -1 gaps, the oldest
+    column dropped. The token that follows column c moves to column c, so the new ``s`` is ``grown``
+    as it stands. O(rows * W); ``s`` may exceed the tokens before a column of a full window, which
+    :func:`cost_table` caps (as :class:`LZMatchTracker`)."""
+    grown = grow_matches(tokens, s, new, buffer)
+    return torch.cat([tokens[:, 1:], new.to(tokens.dtype)], 1), grown
+
+
+def penalty_table(alpha: float, window: int, buffer: int, log_v: float,
+                  device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``alpha * max(log2 V - cost, 0)`` of :func:`cost_table` flattened, and ``B * W + c`` (int32)
+    for each full-window column c: entry ``base[W - m + j] - W * depth`` is column j's."""
+    cost = cost_table(window, buffer, device)
+    table = (log_v - cost).clamp_(min=0.0).mul_(alpha).reshape(-1)
+    return table, torch.arange(window, dtype=torch.int32, device=device) + buffer * window
+
+
+def apply_codelength(scores: torch.Tensor, tokens: torch.Tensor, depth: torch.Tensor, table: torch.Tensor,
+                     base: torch.Tensor, window: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores[v] -= max_j pen_j`` over the window columns j holding v (the ``codelength`` variant),
+    in place. ``tokens [n, m]`` right-aligned (-1 gaps), ``depth = B - s`` (:func:`mismatch_depth`),
+    ``table, base`` from :func:`penalty_table`. ``rows [n]``: the rows of ``scores`` (contiguous)
+    that the n windows belong to (default: all, in order); the other rows are not read or written."""
+    width = scores.shape[-1]
+    # one flat lookup of the [B + 1, W] table (row s = B - depth, column W - m + j); int32
+    # index_select, as take is ~2x slower at 2 threads for these 4K entries
+    index = torch.add(base[window - tokens.shape[1]:], depth, alpha=-window)
+    pen = table.index_select(0, index.view(-1)).view(index.shape)
+    # Gaps (-1) and ids the logits cannot hold get penalty 0 at a clamped column, a no-op
+    # below. Masked always (O(batch x W)) rather than after a check of tokens.max(): that read
+    # would be a host synchronisation, and a graph break under torch.compile.
+    idx = tokens.clamp(0, width - 1)
+    pen.masked_fill_(idx != tokens, 0.0)
+    # min_j (l_v - pen_j) = l_v - max_j pen_j: one scatter-min applies each token's largest
+    # penalty however often it occurs (order-free, so deterministic); pen >= 0 makes
+    # include_self harmless.
+    if rows is None:
+        current = scores.gather(1, idx)
+        new = current.sub_(pen) if current.dtype == torch.float32 else (current.float() - pen).to(scores.dtype)
+        return scores.scatter_reduce_(1, idx, new, reduce="amin", include_self=True)
+    # a subset of rows: flat positions in the [rows, V] logits, so no [n, V] copy is made. Through
+    # the row stride: vLLM hands over a slice of a wider buffer, which .view(-1) refuses.
+    if scores.stride(-1) != 1:
+        raise ValueError("apply_codelength(rows=...) needs logits whose last dimension is contiguous")
+    stride = scores.stride(0)
+    flat = scores.as_strided(((scores.shape[0] - 1) * stride + width,), (1,))
+    where = (rows.to(idx.dtype)[:, None] * stride + idx).view(-1)
+    new = (flat[where].float() - pen.view(-1)).to(scores.dtype)
+    flat.scatter_reduce_(0, where, new, reduce="amin", include_self=True)
+    return scores
+
+
+def apply_closest_longest(scores: torch.Tensor, tokens: torch.Tensor, s: torch.Tensor, valid: torch.Tensor | None,
+                          alpha: float, buffer: int, log_v: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores -= alpha * (log2 V - cost)`` of the ``closest_longest`` variant
+    (:func:`closest_longest_costs`; not a per-position minimum, so dense), in place; ``rows`` as
+    :func:`apply_codelength`."""
+    width = scores.shape[-1]
+    pen = (log_v - closest_longest_costs(tokens, s, valid, buffer, width, log_v)).mul_(alpha).to(scores.dtype)
+    if rows is None:
+        return scores.sub_(pen)
+    return scores.index_add_(0, rows, pen, alpha=-1)
+
+
 class LZMatchTracker:
     r""":func:`lz_match_lengths` carried from call to call while the context grows by one token.
 
@@ -261,7 +333,7 @@ class LZMatchTracker:
         c (a match reaching out of the window); :func:`cost_table` applies ``min(s, c)``."""
         if context.shape[1] > 0 and self._extends(context):
             new = context[:, -1:]
-            grown = (self._s + 1).clamp_(max=self.buffer).masked_fill_(self._tokens != new, 0)
+            grown = grow_matches(self._tokens, self._s, new, self.buffer)
             w = self.window
             self._s = torch.cat([grown.new_zeros(grown.shape[0], 1), grown], 1)[:, -w:]
             self._tokens = torch.cat([self._tokens, new], 1)[:, -w:]
@@ -361,12 +433,9 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         return tokens, b - s, valid
 
     def _penalty_table(self, log_v: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``alpha * max(log2 V - cost, 0)`` of :func:`cost_table` flattened, and ``B * W + c`` (int32)
-        for each full-window column c: entry ``base[W - m + j] - W * depth`` is column j's; cached."""
+        """:func:`penalty_table`, cached."""
         if self._table_key != (log_v, device):
-            cost = cost_table(self.window, self.buffer, device)
-            self._table = (log_v - cost).clamp_(min=0.0).mul_(self.penalty).reshape(-1)
-            self._base = torch.arange(self.window, dtype=torch.int32, device=device) + self.buffer * self.window
+            self._table, self._base = penalty_table(self.penalty, self.window, self.buffer, log_v, device)
             self._table_key = (log_v, device)
         return self._table, self._base
 
@@ -379,27 +448,10 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             return self._apply_dense(scores, *self._match_lengths(context, lengths), width)
         tokens, depth, _ = self._depth(input_ids, context, lengths)
         table, base = self._penalty_table(math.log2(self.vocab_size or width), scores.device)
-        # one flat lookup of the [B + 1, W] table (row s = B - depth, column W - m + j); int32
-        # index_select, as take is ~2x slower at 2 threads for these 4K entries
-        index = torch.add(base[self.window - tokens.shape[1]:], depth, alpha=-self.window)
-        pen = table.index_select(0, index.view(-1)).view(index.shape)
-        # Gaps (-1) and ids the logits cannot hold get penalty 0 at a clamped column, a no-op
-        # below. Masked always (O(batch x W)) rather than after a check of tokens.max(): that read
-        # would be a host synchronisation, and a graph break under torch.compile.
-        idx = tokens.clamp(0, width - 1)
-        pen.masked_fill_(idx != tokens, 0.0)
-        # min_j (l_v - pen_j) = l_v - max_j pen_j: one scatter-min applies each token's largest
-        # penalty however often it occurs (order-free, so deterministic); pen >= 0 makes
-        # include_self harmless.
-        current = scores.gather(1, idx)
-        new = current.sub_(pen) if current.dtype == torch.float32 else (current.float() - pen).to(scores.dtype)
-        out = scores if self.inplace else scores.clone()
-        return out.scatter_reduce_(1, idx, new, reduce="amin", include_self=True)
+        return apply_codelength(scores if self.inplace else scores.clone(), tokens, depth, table, base, self.window)
 
     def _apply_dense(self, scores, tokens, s, valid, width: int) -> torch.FloatTensor:
         """``closest_longest``: its penalty is not a per-position minimum, so subtract it densely."""
         log_v = math.log2(self.vocab_size or width)
-        cost = closest_longest_costs(tokens, s, valid, self.buffer, width, log_v)
-        pen = (log_v - cost).mul_(self.penalty)
-        out = scores if self.inplace else scores.clone()
-        return out.sub_(pen.to(out.dtype))
+        return apply_closest_longest(scores if self.inplace else scores.clone(), tokens, s, valid, self.penalty,
+                                     self.buffer, log_v)

@@ -1,0 +1,190 @@
+"""The LZ penalty as a vLLM logits processor (this module imports vLLM; nothing else in ``rpt`` does).
+
+    vllm serve CKPT --logits-processors rpt.integrations.vllm:LZPenalty     # or: installed rpt registers it
+    llm = LLM(CKPT, logits_processors=[LZPenalty])
+    llm.generate(prompts, SamplingParams(temperature=0, extra_args={"lz_penalty": 0.15, "lz_window": 512}))
+
+Per request, ``SamplingParams.extra_args`` takes :class:`~rpt.sampling.config.SamplingConfig`'s
+names (``lz_penalty``, ``lz_window``, ``lz_buffer``, ``lz_variant``, ``lz_include_prompt``;
+:mod:`rpt.integrations.lz_settings`), checked at admission; a request without ``lz_penalty`` is
+untouched. The penalty is :mod:`rpt.sampling.lz`'s, so the tokens equal ``rpt.sampling.generate``'s.
+
+vLLM has two processor interfaces: V1's model runner (CPU builds, and GPU ones without Triton or
+with ``VLLM_USE_V2_MODEL_RUNNER=0``) and Model Runner V2 (the GPU default since it exists). Both
+load the ``vllm.logits_processors`` entry point and a ``--logits-processors`` class path; V2
+refuses a class that is not its own subclass, V1 instantiates whatever it is given. So
+:class:`LZPenalty` subclasses both and builds the implementation the calling runner needs:
+:class:`LZPenaltyV1` (per-row device windows updated from the appended token,
+:mod:`rpt.integrations.lz_rows`) or :class:`LZPenaltyV2` (the windows gathered every step from
+the runner's own device token history; no host work per step beyond grouping).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+
+from rpt.integrations.lz_rows import LZRows
+from rpt.integrations.lz_settings import LZSettings
+from rpt.sampling.lz import apply_closest_longest, apply_codelength, lz_match_lengths, penalty_table
+
+try:  # Model Runner V2's interface (vLLM >= 0.3x); older releases have V1 only
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+except ImportError:  # pragma: no cover - depends on the installed vLLM
+    V2LogitsProcessor = None
+
+
+def _validate(sampling_params) -> None:
+    LZSettings.from_extra_args(sampling_params.extra_args)
+
+
+class LZPenaltyV1(V1LogitsProcessor):
+    """V1 interface: ``update_state`` follows the batch's rows, ``apply`` penalises the LZ rows."""
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        self.state = LZRows(vllm_config.scheduler_config.max_num_seqs, device)
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        _validate(sampling_params)
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it changes which token is largest: greedy requests need it too
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return  # the new tokens themselves are read in apply(), after async placeholders are filled
+        for row in batch_update.removed:
+            self.state.remove(row)
+        for row, params, prompt, output in batch_update.added:
+            self.state.add(row, LZSettings.from_extra_args(params.extra_args), prompt, output)
+        for a, b, direction in batch_update.moved:
+            if direction == MoveDirectionality.SWAP:
+                self.state.swap(a, b)
+            else:
+                self.state.move(a, b)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.state.active:
+            return logits
+        return self.state.apply(logits)
+
+
+class LZPenaltyV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
+    """Model Runner V2 interface: per-slot settings from ``add_request``; each step, each LZ row's last
+    W context tokens are gathered from ``req_states.all_token_ids`` (committed tokens) and the
+    step's ``input_ids`` (draft tokens under speculative decoding), then the match lengths are
+    computed from scratch on the device (:func:`~rpt.sampling.lz.lz_match_lengths`, no host sync)."""
+
+    def __init__(self, vllm_config, req_states) -> None:
+        self.req_states = req_states
+        self.settings: list[LZSettings | None] = [None] * req_states.max_num_reqs
+        self.slot_group = torch.full((req_states.max_num_reqs,), -1, dtype=torch.long, device=req_states.device)
+        self._staged: dict[int, int] = {}
+        self.groups: list[LZSettings] = []
+        self._tables: dict[tuple[LZSettings, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        _validate(sampling_params)
+
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        settings = LZSettings.from_extra_args(sampling_params.extra_args)
+        self.settings[req_idx] = settings
+        if settings is not None and settings not in self.groups:
+            self.groups.append(settings)
+        self._staged[req_idx] = -1 if settings is None else self.groups.index(settings)
+        return settings is not None
+
+    def apply_staged_writes(self) -> None:
+        if self._staged:
+            slots = torch.tensor(list(self._staged), dtype=torch.long)
+            values = torch.tensor(list(self._staged.values()), dtype=torch.long)
+            self.slot_group[slots.to(self.slot_group.device)] = values.to(self.slot_group.device)
+            self._staged.clear()
+
+    def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+        present = {self.settings[i] for i in ctx.idx_mapping_np.tolist()} - {None}  # host-side: which settings run
+        for settings in present:
+            self._apply_group(logits, ctx, settings, self.groups.index(settings))
+        return logits
+
+    def _apply_group(self, logits: torch.Tensor, ctx, settings: LZSettings, group: int) -> None:
+        rs, w = self.req_states, settings.window
+        slot = ctx.expanded_idx_mapping.long()
+        local = ctx.expanded_local_pos.long()
+        total = rs.total_len.gpu[slot].long()
+        start = torch.zeros_like(total) if settings.include_prompt else rs.prompt_len.gpu[slot].long()
+        length = total + local  # the row's context: committed tokens, then this step's drafts before it
+        q = length[:, None] - w + torch.arange(w, device=logits.device)  # positions of the window's columns
+        history = rs.all_token_ids.gpu
+        committed = history[slot[:, None], q.clamp(0, history.shape[1] - 1)]
+        # input_ids at local position 0 is the last committed token; drafts follow it
+        row = torch.arange(slot.shape[0], device=logits.device)[:, None]
+        drafted = ctx.input_ids[(row - local[:, None] + 1 + q - total[:, None]).clamp(0, ctx.input_ids.shape[0] - 1)]
+        tokens = torch.where(q < total[:, None], committed, drafted).long()
+        lengths = (length - start).clamp(0, w).masked_fill(self.slot_group[slot] != group, 0)
+        tokens, s, valid = lz_match_lengths(tokens, w, settings.buffer, lengths)
+        if settings.variant == "closest_longest":
+            apply_closest_longest(logits, tokens, s, valid, settings.alpha, settings.buffer, math.log2(logits.shape[-1]))
+        else:
+            table, base = self._table(settings, logits.shape[-1], logits.device)
+            # rows of other requests have no real column (lengths 0): their penalty is 0, a no-op
+            apply_codelength(logits, tokens, settings.buffer - s, table, base, w)
+
+    def _table(self, settings: LZSettings, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (settings, width)
+        if key not in self._tables:
+            self._tables[key] = penalty_table(settings.alpha, settings.window, settings.buffer, math.log2(width), device)
+        return self._tables[key]
+
+
+class _SecondV1(V1LogitsProcessor):
+    """A second LZ processor in one engine: does nothing, so the penalty is applied once."""
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def is_argmax_invariant(self) -> bool:
+        return True  # vLLM skips it for greedy requests
+
+    def update_state(self, batch_update) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+
+class _SecondV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        return False
+
+    def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+        return logits
+
+
+_BUILT: dict[tuple[int, bool], object] = {}  # (id of the engine's config, V2?) -> that config
+
+
+class LZPenalty(*([V1LogitsProcessor] + ([V2LogitsProcessor] if V2LogitsProcessor else []))):
+    """What vLLM loads (entry point or class path): an :class:`LZPenaltyV1` when the V1 runner builds it
+    (``vllm_config, device, is_pin_memory``), an :class:`LZPenaltyV2` when Model Runner V2 does
+    (``vllm_config, req_states``)."""
+
+    def __new__(cls, vllm_config, *args):
+        v2 = len(args) == 1
+        key = (id(vllm_config), v2)
+        if _BUILT.get(key) is vllm_config:
+            # installed rpt's entry point and a --logits-processors class path both name it: one engine,
+            # one penalty (the identity check, not the id alone, since ids are reused)
+            return _SecondV2() if v2 else _SecondV1()
+        _BUILT[key] = vllm_config
+        # Returning an instance of another class skips LZPenalty.__init__: the one built is complete.
+        return LZPenaltyV2(vllm_config, *args) if v2 else LZPenaltyV1(vllm_config, *args)
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        _validate(sampling_params)
