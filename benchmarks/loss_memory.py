@@ -20,6 +20,32 @@ import subprocess
 import sys
 
 
+def start_peak(device: str) -> float:
+    """Reset the peak-memory counter of ``device``; returns the memory in use now (MB)."""
+    import torch
+
+    from rpt.metrics import current_memory_mb, reset_cpu_peak
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2**20
+    assert reset_cpu_peak(), "needs Linux /proc/self/clear_refs"
+    return current_memory_mb()
+
+
+def read_peak(device: str) -> float:
+    """The peak memory (MB) since :func:`start_peak`: CUDA's allocated peak, or the CPU's VmHWM."""
+    import torch
+
+    from rpt.metrics import _proc_status_mb
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**20
+    return _proc_status_mb("VmHWM")
+
+
 def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: int, device: str,
             save_grads: str | None = None) -> dict:
     """Run one forward + backward in this process; returns what it added to peak memory (MB).
@@ -28,7 +54,6 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
     import torch.nn.functional as F
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rpt.metrics import current_memory_mb, reset_cpu_peak
     from rpt.model import RPTForCausalLM
     from rpt.objective import make_rpt_batch
 
@@ -38,14 +63,7 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
     model = RPTForCausalLM.from_base(LlamaForCausalLM(config), window=3).to(device).train()
     rows = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
     b = make_rpt_batch(rows, 3, 0.5, 0.02, generator=torch.Generator().manual_seed(2), num_inputs=seq).to(device)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() / 2**20
-    else:
-        before = current_memory_mb()
-        assert reset_cpu_peak(), "needs Linux /proc/self/clear_refs"
+    before = start_peak(device)
     if loss == "chunked":
         out = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids, labels=b.labels, kinds=b.kinds)
         value = out.loss
@@ -53,13 +71,7 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
         logits = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids).logits
         value = F.cross_entropy(logits.float().reshape(-1, vocab), b.labels.reshape(-1))
     value.backward()
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        from rpt.metrics import _proc_status_mb
-
-        peak = _proc_status_mb("VmHWM")
+    peak = read_peak(device)
     logits_mb = batch * seq * vocab * 4 / 2**20
     if save_grads:
         torch.save({n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}, save_grads)
@@ -73,25 +85,15 @@ def measure_head(vocab: int, tokens: int, hidden: int, device: str, budget_mb: i
     import torch
 
     from rpt.loss import linear_cross_entropy, plan_blocks
-    from rpt.metrics import _proc_status_mb, current_memory_mb, reset_cpu_peak
 
     g = torch.Generator().manual_seed(0)
     hid = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device).requires_grad_(True)
     weight = (0.02 * torch.randn(vocab, hidden, generator=g)).to(torch.bfloat16).to(device).requires_grad_(True)
     labels = torch.randint(0, vocab, (tokens,), generator=g).to(device)
     blocks = plan_blocks(tokens, vocab, budget_mb << 20)
-    cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() / 2**20
-    else:
-        before = current_memory_mb()
-        assert reset_cpu_peak(), "needs Linux /proc/self/clear_refs"
+    before = start_peak(device)
     linear_cross_entropy(hid, weight, None, labels, blocks).sum().backward()
-    if cuda:
-        torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _proc_status_mb("VmHWM")
+    peak = read_peak(device)
     bound = (4 * vocab * hidden + 4 * blocks.tokens * blocks.vocab) / 2**20
     return {"added_mb": peak - before, "bound_mb": bound, "blocks": list(blocks)}
 
