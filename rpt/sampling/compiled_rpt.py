@@ -11,7 +11,7 @@ shape: the lags ``1 .. min(w - 1, m - W)`` are a Python tuple the graph speciali
 w - 2 graphs, as the first step runs eagerly; the last one serves every step once the window is
 full). The query block and its inputs (``_Decoder.common_block`` / ``common_ids`` /
 ``query_inputs``), the proposals (:func:`~rpt.sampling.proposals.block_proposals`) and the flags
-(:func:`rpt.sampling.rpt_path.step_flags`) are the statements the eager step runs; ``fullgraph=True``
+(:func:`rpt.sampling.step_events.step_flags`) are the statements the eager step runs; ``fullgraph=True``
 makes any graph break (a host synchronisation, an untraceable processor) an error. The step's one
 device-to-host transfer (any NaN row, any event) stays with the caller.
 
@@ -25,6 +25,7 @@ import torch
 
 from rpt.sampling.contexts import RotatedContexts
 from rpt.sampling.proposals import block_proposals
+from rpt.sampling.step_events import step_flags
 
 
 class CompiledRPTStep:
@@ -33,7 +34,7 @@ class CompiledRPTStep:
 
     Returns ``(block, vals, flags)``: the call's block, its proposals as the eager step lays them out
     (so an event hands the call to the per-row driver unchanged), and
-    :func:`~rpt.sampling.rpt_path.step_flags`.
+    :func:`~rpt.sampling.step_events.step_flags`.
     """
 
     def __init__(self, d, backend: str):
@@ -46,8 +47,6 @@ class CompiledRPTStep:
         self._warm = False
 
     def _step(self, seqs, m, final, alive, pattern, lags: tuple[int, ...]):
-        from rpt.sampling.rpt_path import step_flags  # rpt_path imports this module
-
         d = self.d
         ids = d.common_ids(seqs, pattern, m, final)
         positions, write, vis, offsets = d.query_inputs(pattern, ids, m)

@@ -35,6 +35,7 @@ import torch
 from rpt.sampling.algorithm import decode_row
 from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.proposals import raise_nonfinite
+from rpt.sampling.step_events import step_flags
 
 
 def eligible(decoder) -> bool:
@@ -43,19 +44,6 @@ def eligible(decoder) -> bool:
     plan = decoder.plan
     return (plan.k >= 1 and plan.w >= 2 and (plan.deterministic or plan.k == 1) and not decoder.config.stop
             and not any(decoder.prompts.prefixes) and decoder.streamer is None)
-
-
-def events(seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, m) -> torch.Tensor:
-    """``[batch]`` bool: rows whose sweep at column m (an int or a 0-dim tensor) accepts a proposal that
-    differs from the token. ``vals``: the call's proposals (its NaN flag, ``at`` NTP draws, then
-    ``(token, accepted)`` per lag)."""
-    if not lags:
-        return torch.zeros_like(vals[:, 0], dtype=torch.bool)
-    # the common step's lags are 1 .. L: an arange, not a tensor of the tuple (a host-to-device copy)
-    assert lags == tuple(range(1, len(lags) + 1)), lags
-    current = seqs.index_select(1, m - torch.arange(1, len(lags) + 1, device=seqs.device))  # x_{m-l} per lag
-    chains = vals[:, 1 + at: 1 + at + 2 * len(lags)].reshape(-1, len(lags), 2)
-    return (chains[..., 1].bool() & (chains[..., 0] != current)).any(1)
 
 
 def run(d, n: int) -> int:
@@ -96,16 +84,8 @@ def _nobody_goes_on(d, x_m: torch.Tensor, alive: torch.Tensor, m: int) -> bool:
     return not bool((alive & ~d.ends_at(x_m, m)).any())
 
 
-def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, x_m: torch.Tensor,
-               alive: torch.Tensor, m) -> torch.Tensor:
-    """``[2]``: whether any live row's logits were NaN / inf, and whether any live row has an event (an
-    accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer."""
-    event = events(seqs, vals, lags, at, m) | d.ends_at(x_m, m)
-    return torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
-
-
 def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
-    """The call at column m, its proposals and :func:`step_flags`; compiled
+    """The call at column m, its proposals and :func:`~rpt.sampling.step_events.step_flags`; compiled
     (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
     if d.compile_backend is not None and d.W < m < d.last:
         if d.rpt_step is None:
