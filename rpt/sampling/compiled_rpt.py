@@ -32,8 +32,9 @@ class CompiledRPTStep:
     """``step(m, final, alive)`` at column m (``W < m < last``): feed every row's ``x_m`` (``final`` in its
     place where given: sampled, the redraw after an unchanged sweep) and one PTP chain per lag, propose.
 
-    Returns ``(block, vals, flags)``: the call's block, its proposals as the eager step lays them out
-    (so an event hands the call to the per-row driver unchanged), and
+    Returns ``(block, layout, vals, flags)``: the call's block, its proposals in the eager step's
+    :class:`~rpt.sampling.proposal_layout.ProposalLayout` (so an event hands the call to the per-row
+    driver unchanged), and
     :func:`~rpt.sampling.step_events.step_flags`.
     """
 
@@ -53,8 +54,8 @@ class CompiledRPTStep:
         logits = d.queries.whole_cache_step(ids, positions, write, vis, offsets, pattern.keep)
         contexts = RotatedContexts(d.config, d.proposer.seeds, seqs, self.prompt, d.pads)
         its = d.common_iterations(lags, ids.shape[0])
-        vals = block_proposals(contexts, logits, m, m - d.pads, ids[:, 0], True, False, lags, its)
-        return vals, step_flags(d, seqs, vals, lags, d.proposer.ntp_draws, ids[:, 0], alive, m)
+        vals = block_proposals(contexts, logits, m, m - d.pads, ids[:, 0], pattern.layout, its)
+        return vals, step_flags(d, seqs, vals, pattern.layout, ids[:, 0], alive, m)
 
     def __call__(self, m: int, final: torch.Tensor | None, alive: torch.Tensor):
         d = self.d
@@ -65,6 +66,7 @@ class CompiledRPTStep:
         # on, so the next call would re-trace
         run = self._compiled if self._warm else self._step
         self._warm = True
+        pattern = d._pattern(block)
         with d.queries.whole_cache_calls():
-            vals, flags = run(d.seqs, self.m, final, alive, d._pattern(block), block.lags)
-        return block, vals, flags
+            vals, flags = run(d.seqs, self.m, final, alive, pattern, block.lags)
+        return block, pattern.layout, vals, flags

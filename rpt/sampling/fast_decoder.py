@@ -58,6 +58,7 @@ from rpt.sampling.prompts import (
     row_budgets,
     rpt_iterations,
 )
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals, raise_nonfinite
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
@@ -139,9 +140,10 @@ class _Block:
 
 
 class _Pattern:
-    """Device tensors of one block pattern (cached: a decode uses a handful)."""
+    """Device tensors of one block pattern (cached: a decode uses a handful), and the layout of its
+    proposals (``draws`` NTP draws per query)."""
 
-    def __init__(self, block: _Block, device: torch.device):
+    def __init__(self, block: _Block, device: torch.device, draws: int):
         table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
         self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
         self.offsets = offsets if block.lags else None
@@ -150,6 +152,7 @@ class _Pattern:
         self.keep: int | torch.Tensor = len(keep) if keep == list(range(q - len(keep), q)) else \
             torch.tensor(keep, dtype=torch.long, device=device)
         self.scratch = q - block.region
+        self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
 
 
 class _Decoder:
@@ -324,18 +327,17 @@ class _Decoder:
         return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
                                 for lag in block.lags])
 
-    def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
-                   ) -> torch.Tensor:
+    def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, layout: ProposalLayout,
+                   its: torch.Tensor | None, n: int) -> torch.Tensor:
         """Every proposal of the call (:func:`~rpt.sampling.proposals.block_proposals`), on the device: the
         caller moves it to the host with one transfer. The NTP proposal for n + 1 conditions on the token
         fed at column n (a row's guess, if it made one)."""
         fed = ids[:, block.region - 1] if block.keep_top else None
-        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed,
-                               block.keep_top, block.keep_prev, block.lags, its)
+        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed, layout, its)
 
-    def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
+    def _record(self, s: _Slot, vals: list[int], block: _Block, layout: ProposalLayout, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of
-        :meth:`_proposals`, its nonfinite flag first)."""
+        :meth:`_proposals`, in ``layout``'s columns)."""
         changed = n + 1
         for c in range(n - block.region + 1, n + 1):
             fed = s.feed.get(c, s.token(c))
@@ -349,39 +351,38 @@ class _Decoder:
             for c in range(s.low, low):  # nor is any older column's proposal asked for again
                 s.draws.pop(c, None)
             s.low = low
-        d, at = self.proposer.ntp_draws, 1
-        if block.keep_top:
-            s.draws[n + 1], at = vals[1: 1 + d], 1 + d
-        if block.keep_prev:
-            s.draws[n] = vals[at: at + d]
+        if layout.keep_top:
+            s.draws[n + 1] = vals[layout.top]
+        if layout.keep_prev:
+            s.draws[n] = vals[layout.prev]
 
-    def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, chains: dict, n: int) -> None:
-        at = 1 + self.proposer.ntp_draws * (block.keep_top + block.keep_prev)  # past the flag and the NTP draws
+    def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, layout: ProposalLayout, chains: dict,
+                 n: int) -> None:
         for s in live:
-            self._record(s, vals[s.index], block, n)
+            self._record(s, vals[s.index], block, layout, n)
             if s.index in chains:
-                v = vals[s.index]
-                answers = {lag: (v[at + 2 * i], bool(v[at + 2 * i + 1])) for i, lag in enumerate(block.lags)}
+                answers = layout.answers(vals[s.index])
                 self._send(s, [answers[r.lag] for r in s.requests])
 
     def _pattern(self, block: _Block) -> _Pattern:
         pattern = self._patterns.get(block)
         if pattern is None:
-            pattern = self._patterns[block] = _Pattern(block, self.device)
+            pattern = self._patterns[block] = _Pattern(block, self.device, self.proposer.ntp_draws)
         return pattern
 
     def _round(self, live: list[_Slot], n: int) -> None:
         block, chains = self._plan(live, n)
         pending, self.pending = self.pending, None
         self._apply_writes()  # host-to-device copies first, while the device is idle
+        pattern = self._pattern(block)
         if pending is not None and pending[:2] == (n, block):  # rpt_path made this very call already
             vals = pending[2].tolist()
         else:
-            pattern = self._pattern(block)
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
-            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, its, n).tolist()
-        raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
-        self._deliver(live, vals, block, chains, n)
+            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
+        # padding rows of finished ones aside
+        raise_nonfinite([s.index for s in live if vals[s.index][ProposalLayout.flag]])
+        self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
     def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
@@ -410,14 +411,15 @@ class _Decoder:
             return None
         return torch.ones((len(lags), batch), dtype=torch.long, device=self.device)
 
-    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
-        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block and proposals
-        (on the device)."""
+    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, ProposalLayout, torch.Tensor]:
+        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block, the layout of
+        its proposals and the proposals (on the device)."""
         block = self.common_block(n)
         pattern = self._pattern(block)
         ids = self.common_ids(self.seqs, pattern, n, guess)
         its = self.common_iterations(block.lags, ids.shape[0])
-        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, its, n)
+        return block, pattern.layout, self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout,
+                                                      its, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1

@@ -34,6 +34,7 @@ import torch
 
 from rpt.sampling.algorithm import decode_row
 from rpt.sampling.compiled_rpt import CompiledRPTStep
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
 from rpt.sampling.step_events import step_flags
 
@@ -64,17 +65,18 @@ def run(d, n: int) -> int:
         if m == d.W and _nobody_goes_on(d, proposal, alive, m):
             _hand_over(d, draws, m)
             return m
-        block, vals, flags = _step(d, m, final, alive)
+        block, layout, vals, flags = _step(d, m, final, alive)
         bad, stop = flags.tolist()  # the step's one transfer
         if bad:
-            raise_nonfinite([b for b, v in enumerate(vals[:, 0].tolist()) if v and d.slots[b].requests is not None])
+            raise_nonfinite([b for b, v in enumerate(vals[:, ProposalLayout.flag].tolist())
+                             if v and d.slots[b].requests is not None])
         if stop:
             _hand_over(d, draws, m)
             d.pending = (m, block, vals)
             return m
         if final is not None:
             d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
-        draws = vals[:, 1: 1 + draws_per]
+        draws = vals[:, layout.top]
         m += 1
 
 
@@ -91,10 +93,9 @@ def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
         if d.rpt_step is None:
             d.rpt_step = CompiledRPTStep(d, d.compile_backend)
         return d.rpt_step(m, final, alive)
-    block, vals = d.call_block(m, guess=final)
+    block, layout, vals = d.call_block(m, guess=final)
     x_m = d.seqs[:, m] if final is None else final
-    at = d.proposer.ntp_draws * int(block.keep_top)
-    return block, vals, step_flags(d, d.seqs, vals, block.lags, at, x_m, alive, m)
+    return block, layout, vals, step_flags(d, d.seqs, vals, layout, x_m, alive, m)
 
 
 def _hand_over(d, draws: torch.Tensor, m: int) -> None:

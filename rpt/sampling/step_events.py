@@ -10,23 +10,25 @@ from __future__ import annotations
 
 import torch
 
+from rpt.sampling.proposal_layout import ProposalLayout
 
-def events(seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, m) -> torch.Tensor:
+
+def events(seqs: torch.Tensor, vals: torch.Tensor, layout: ProposalLayout, m) -> torch.Tensor:
     """``[batch]`` bool: rows whose sweep at column m (an int or a 0-dim tensor) accepts a proposal that
-    differs from the token. ``vals``: the call's proposals (its NaN flag, ``at`` NTP draws, then
-    ``(token, accepted)`` per lag)."""
+    differs from the token. ``vals``: the call's proposals, in ``layout``'s columns."""
+    lags = layout.lags
     if not lags:
-        return torch.zeros_like(vals[:, 0], dtype=torch.bool)
+        return torch.zeros_like(vals[:, layout.flag], dtype=torch.bool)
     # the common step's lags are 1 .. L: an arange, not a tensor of the tuple (a host-to-device copy)
     assert lags == tuple(range(1, len(lags) + 1)), lags
     current = seqs.index_select(1, m - torch.arange(1, len(lags) + 1, device=seqs.device))  # x_{m-l} per lag
-    chains = vals[:, 1 + at: 1 + at + 2 * len(lags)].reshape(-1, len(lags), 2)
-    return (chains[..., 1].bool() & (chains[..., 0] != current)).any(1)
+    tokens, accepted = layout.chain_columns(vals)
+    return (accepted & (tokens != current)).any(1)
 
 
-def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, x_m: torch.Tensor,
+def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, layout: ProposalLayout, x_m: torch.Tensor,
                alive: torch.Tensor, m) -> torch.Tensor:
     """``[2]``: whether any live row's logits were NaN / inf, and whether any live row has an event (an
     accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer."""
-    event = events(seqs, vals, lags, at, m) | d.ends_at(x_m, m)
-    return torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
+    event = events(seqs, vals, layout, m) | d.ends_at(x_m, m)
+    return torch.stack([(vals[:, layout.flag].bool() & alive).any(), (event & alive).any()])
