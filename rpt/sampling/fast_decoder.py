@@ -44,24 +44,16 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import ModelQueries, Visibility
-from rpt.sampling import ntp_path, randomness, rpt_path
-from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
+from rpt.sampling import ntp_path, rpt_path
+from rpt.sampling.algorithm import NTPRequest, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import GrowingContexts
+from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
 from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
-from rpt.sampling.prompts import (
-    Prompts,
-    check_model,
-    pad_token_id,
-    prepare_prompts,
-    row_budgets,
-    rpt_iterations,
-)
+from rpt.sampling.prompts import Prompts
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals, raise_nonfinite
-from rpt.sampling.stopping import StopChecker
-from rpt.sampling.streaming import check_streamer
 
 WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
@@ -158,25 +150,17 @@ class _Pattern:
 class _Decoder:
     """One ``generate`` call: the rows' programs, the device state, the model queries."""
 
-    def __init__(self, model, config: SamplingConfig, input_ids: torch.Tensor, attention_mask, tokenizer, streamer,
-                 seeds: list[int] | None, compile: bool | str):
-        self.start = time.perf_counter()
-        config.validate()
-        config = config.with_default_eos(model, tokenizer)
-        check_model(model, config)
-        self.config, self.input_ids, self.streamer = config, input_ids, streamer
-        self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
-        check_streamer(streamer, len(prompts.rows))
-        k = rpt_iterations(model, config)
-        self.budgets = row_budgets(model, prompts, config)
-        self.plan = Plan(k=k, w=config.rpt_window, max_new=max(self.budgets),
-                         deterministic=config.deterministic,
-                         stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
+    def __init__(self, model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
+                 compile: bool | str):
+        self.start = start
+        self.config = config = inputs.config
+        self.input_ids, self.streamer = input_ids, streamer
+        self.prompts = prompts = inputs.prompts
+        self.budgets, self.plan, self.pad_id, self.seeds = inputs.budgets, inputs.plan, inputs.pad_id, inputs.seeds
+        k = self.plan.k
         self.device = device = input_ids.device
         self.W = W = prompts.width
         self.last = W + self.plan.max_new - 1  # last column to generate
-        self.pad_id = pad_token_id(model, config)
-        self.seeds = randomness.row_seeds(config.seed, len(prompts.rows), seeds)
         self.seqs = self._layout(prompts)  # the rows' current tokens: the processors' contexts
         self.pads = torch.tensor(prompts.pads, device=device)
         # for the batch-flat paths, built once: each row's last position's column, and the EOS ids
@@ -489,7 +473,9 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         model.check_offsets = False  # the offsets are built here; its range check would sync every call
     try:
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
-            out = _Decoder(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds, compile).run()
+            start = time.perf_counter()
+            inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
+            out = _Decoder(model, inputs, input_ids, streamer, start, compile).run()
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:
