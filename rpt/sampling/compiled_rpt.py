@@ -9,7 +9,7 @@ processor per lag. Here, as in :mod:`rpt.sampling.compiled_ntp`, the layout ``se
 rotated (:class:`~rpt.sampling.contexts.RotatedContexts`), so a decode runs one graph per window
 shape: the lags ``1 .. min(w - 1, m - W)`` are a Python tuple the graph specialises on (at most
 w - 2 graphs, as the first step runs eagerly; the last one serves every step once the window is
-full). The query block and its inputs (``_Decoder.common_block`` / ``common_ids`` /
+full). The query block and its inputs (``Decoder.common_block`` / ``common_ids`` /
 ``query_inputs``), the proposals (:func:`~rpt.sampling.proposals.block_proposals`) and the flags
 (:func:`rpt.sampling.step_events.step_flags`) are the statements the eager step runs; ``fullgraph=True``
 makes any graph break (a host synchronisation, an untraceable processor) an error. The step's one
@@ -66,7 +66,7 @@ class CompiledRPTStep:
         # on, so the next call would re-trace
         run = self._compiled if self._warm else self._step
         self._warm = True
-        pattern = d._pattern(block)
+        pattern = d.pattern(block)
         with d.queries.whole_cache_calls():
             vals, flags = run(d.seqs, self.m, final, alive, pattern, block.lags)
         return block, pattern.layout, vals, flags

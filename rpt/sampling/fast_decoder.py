@@ -45,7 +45,7 @@ import torch
 
 from rpt.queries import ModelQueries, Visibility
 from rpt.sampling import ntp_path, rpt_path
-from rpt.sampling.algorithm import NTPRequest, Program, Request, Row, decode_row
+from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import GrowingContexts
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
@@ -101,6 +101,20 @@ class _Slot:
         draws = self.draws.get(c)
         return draws if draws is not None and self.served_upto(min(c - 1, n)) >= c else None
 
+    def resume(self, tokens: list[int], m: int, plan: Plan, draws: list[int]) -> None:
+        """Take the row back from the batch-flat path at column m: its ``tokens`` (the layout's columns
+        before m), a program resumed at position ``m - pad``, the cache through column m - 1, and its
+        proposals ``draws`` for m."""
+        row = self.row
+        row.tokens = tokens[self.pad:]
+        row.take_dirty()
+        self.program = decode_row(row, plan, start=m - self.pad)
+        self.requests = next(self.program)
+        self.kv[self.low: m] = tokens[self.low: m]
+        self.kv[m:] = [None] * (len(self.kv) - m)
+        self.low = max(self.low, m - 1 - plan.w)
+        self.draws = {m: draws}
+
 
 @dataclass(frozen=True)
 class _Block:
@@ -147,7 +161,7 @@ class _Pattern:
         self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
 
 
-class _Decoder:
+class Decoder:
     """One ``generate`` call: the rows' programs, the device state, the model queries."""
 
     def __init__(self, model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
@@ -263,18 +277,18 @@ class _Decoder:
         region = n + 1 - start
         return _Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
 
-    def _to_device(self, values: list) -> torch.Tensor:
+    def to_device(self, values: list) -> torch.Tensor:
         """A host list as a device tensor; on CUDA through pinned memory, so the copy does not wait for
         the GPU (a copy from pageable memory synchronises the stream)."""
         t = torch.tensor(values, dtype=torch.long)
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
 
-    def _apply_writes(self) -> None:
+    def apply_writes(self) -> None:
         if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
             for b, c, token in self.writes:
                 self.seqs[b, c] = token
         elif self.writes:
-            w = self._to_device(self.writes)
+            w = self.to_device(self.writes)
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
@@ -283,7 +297,7 @@ class _Decoder:
         (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
         ids = self.seqs.index_select(1, pattern.src + n)
         if self.guesses:  # column n is the region's last query
-            g = self._to_device(self.guesses)
+            g = self.to_device(self.guesses)
             ids[g[:, 0], block.region - 1] = g[:, 1]
         return ids
 
@@ -308,7 +322,7 @@ class _Decoder:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
         if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
             return None
-        return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
+        return self.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
                                 for lag in block.lags])
 
     def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, layout: ProposalLayout,
@@ -348,7 +362,7 @@ class _Decoder:
                 answers = layout.answers(vals[s.index])
                 self._send(s, [answers[r.lag] for r in s.requests])
 
-    def _pattern(self, block: _Block) -> _Pattern:
+    def pattern(self, block: _Block) -> _Pattern:
         pattern = self._patterns.get(block)
         if pattern is None:
             pattern = self._patterns[block] = _Pattern(block, self.device, self.proposer.ntp_draws)
@@ -357,8 +371,8 @@ class _Decoder:
     def _round(self, live: list[_Slot], n: int) -> None:
         block, chains = self._plan(live, n)
         pending, self.pending = self.pending, None
-        self._apply_writes()  # host-to-device copies first, while the device is idle
-        pattern = self._pattern(block)
+        self.apply_writes()  # host-to-device copies first, while the device is idle
+        pattern = self.pattern(block)
         if pending is not None and pending[:2] == (n, block):  # rpt_path made this very call already
             vals = pending[2].tolist()
         else:
@@ -369,6 +383,24 @@ class _Decoder:
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
+    def flat_start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch-flat path starts at column n (every live row has settled n): ``[batch]`` which
+        rows are live, and ``[batch, ntp_draws]`` their proposals for n + 1 (a finished row's: pad ids)."""
+        live = [s.requests is not None for s in self.slots]
+        finished = [self.pad_id] * self.proposer.ntp_draws
+        draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
+        return torch.tensor(live, device=self.device), self.to_device(draws)
+
+    def hand_over(self, m: int, draws: torch.Tensor, call: tuple[_Block, torch.Tensor] | None = None) -> None:
+        """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
+        proposals ``draws`` ``[batch, ntp_draws]`` for m; ``call``: the block and proposals of the call the
+        path made at m, if it made one (:attr:`pending`, which the per-row round at m reuses)."""
+        seqs, draws = self.seqs[:, :m].tolist(), draws.tolist()
+        for s in self.slots:
+            if s.requests is not None:
+                s.resume(seqs[s.index], m, self.plan, draws[s.index])
+        self.pending = None if call is None else (m, *call)
+
     def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
         """``[batch]`` bool: rows for which ``token`` at column c is their last (an EOS id, or the last
         column of their budget)."""
@@ -399,7 +431,7 @@ class _Decoder:
         """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block, the layout of
         its proposals and the proposals (on the device)."""
         block = self.common_block(n)
-        pattern = self._pattern(block)
+        pattern = self.pattern(block)
         ids = self.common_ids(self.seqs, pattern, n, guess)
         its = self.common_iterations(block.lags, ids.shape[0])
         return block, pattern.layout, self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout,
@@ -409,7 +441,7 @@ class _Decoder:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
         .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
         block = _Block(region, (), keep_top=True, keep_prev=False)
-        pattern = self._pattern(block)
+        pattern = self.pattern(block)
         # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
         return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
                           pattern, n)
@@ -475,7 +507,7 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
             start = time.perf_counter()
             inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            out = _Decoder(model, inputs, input_ids, streamer, start, compile).run()
+            out = Decoder(model, inputs, input_ids, streamer, start, compile).run()
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:

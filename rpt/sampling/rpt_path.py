@@ -23,7 +23,7 @@ position.
 At an event the step is handed back unfinished: every live row gets a fresh program resumed at
 position ``m`` (:func:`~rpt.sampling.algorithm.decode_row` with ``start``), the driver's view of the
 cache (through ``m - 1``) and the proposals for ``m``, and the driver runs position ``m`` per row,
-reusing the call just made (:attr:`_Decoder.pending`), so an event costs no extra call. The driver
+reusing the call just made (:meth:`~rpt.sampling.fast_decoder.Decoder.hand_over`), so an event costs no extra call. The driver
 hands over again once every live row has settled a column. Stop strings, token healing and a
 streamer stay with the per-row driver.
 """
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from rpt.sampling.algorithm import decode_row
 from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
@@ -51,10 +50,8 @@ def run(d, n: int) -> int:
     """Common steps from the driver's state at column n (every live row has settled n and knows its
     proposals for n + 1) until an event; returns the column the per-row driver goes on settling."""
     draws_per = d.proposer.ntp_draws  # 1 (greedy) or k + 1 = 2 (sampled): x_m's draw per iteration
-    alive = torch.tensor([s.requests is not None for s in d.slots], device=d.device)
-    draws = d._to_device([s.usable(n + 1, n) if s.requests is not None else [d.pad_id] * draws_per
-                          for s in d.slots])
-    d._apply_writes()
+    alive, draws = d.flat_start(n)
+    d.apply_writes()
     m = n + 1
     while True:
         proposal = draws[:, 0]
@@ -63,16 +60,15 @@ def run(d, n: int) -> int:
         # at the first position, which has no window)
         final = draws[:, -1] if draws_per > 1 and m > d.W else None
         if m == d.W and _nobody_goes_on(d, proposal, alive, m):
-            _hand_over(d, draws, m)
+            d.hand_over(m, draws)
             return m
         block, layout, vals, flags = _step(d, m, final, alive)
         bad, stop = flags.tolist()  # the step's one transfer
         if bad:
-            raise_nonfinite([b for b, v in enumerate(vals[:, ProposalLayout.flag].tolist())
-                             if v and d.slots[b].requests is not None])
+            raise_nonfinite([b for b, (v, on) in enumerate(zip(vals[:, ProposalLayout.flag].tolist(), alive.tolist()))
+                             if v and on])
         if stop:
-            _hand_over(d, draws, m)
-            d.pending = (m, block, vals)
+            d.hand_over(m, draws, (block, vals))
             return m
         if final is not None:
             d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
@@ -96,21 +92,3 @@ def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
     block, layout, vals = d.call_block(m, guess=final)
     x_m = d.seqs[:, m] if final is None else final
     return block, layout, vals, step_flags(d, d.seqs, vals, layout, x_m, alive, m)
-
-
-def _hand_over(d, draws: torch.Tensor, m: int) -> None:
-    """Give every live row back to the per-row driver at position ``m - pad`` (its tokens, a program
-    resumed there, the cache it has through column m - 1, its proposals ``[batch, draws]`` for m)."""
-    seqs, draws = d.seqs[:, :m].tolist(), draws.tolist()
-    for s in d.slots:
-        if s.requests is None:
-            continue
-        row, tokens = s.row, seqs[s.index]
-        row.tokens = tokens[s.pad:]
-        row.take_dirty()
-        s.program = decode_row(row, d.plan, start=m - s.pad)
-        s.requests = next(s.program)
-        s.kv[s.low: m] = tokens[s.low: m]
-        s.kv[m:] = [None] * (len(s.kv) - m)
-        s.low = max(s.low, m - 1 - d.plan.w)
-        s.draws = {m: draws[s.index]}
