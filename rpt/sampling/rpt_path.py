@@ -23,9 +23,9 @@ position.
 At an event the step is handed back unfinished: every live row gets a fresh program resumed at
 position ``m`` (:func:`~rpt.sampling.algorithm.decode_row` with ``start``), the driver's view of the
 cache (through ``m - 1``) and the proposals for ``m``, and the driver runs position ``m`` per row,
-reusing the call just made (:meth:`~rpt.sampling.fast_decoder.Decoder.hand_over`), so an event costs no extra call. The driver
-hands over again once every live row has settled a column. Stop strings, token healing and a
-streamer stay with the per-row driver.
+reusing the call just made (:meth:`~rpt.sampling.fast_decoder.Decoder.hand_over`), so an event costs
+no extra call. The driver hands over again once every live row has settled a column. Stop strings,
+token healing and a streamer stay with the per-row driver.
 """
 
 from __future__ import annotations
