@@ -46,6 +46,7 @@ import torch
 from rpt.queries import ModelQueries, Visibility
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
+from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import GrowingContexts
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
@@ -197,7 +198,7 @@ class Decoder:
         if compile and (self.flat or ntp_path.eligible(self)):  # the compiled steps read the layout at a fixed width
             self.seqs = torch.nn.functional.pad(self.seqs, (0, self.queries.capacity - self.seqs.shape[1]),
                                                 value=self.pad_id)
-        self.rpt_step = None  # the compiled common RPT step (rpt_path), built at its first use
+        self._rpt_step: CompiledRPTStep | None = None  # built at its first use (compiled_rpt_step)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
@@ -383,6 +384,13 @@ class Decoder:
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
+    def compiled_rpt_step(self) -> CompiledRPTStep:
+        """The compiled common step (:mod:`rpt.sampling.compiled_rpt`), one per decode: built at its first
+        use, it serves every later hand-over to the batch-flat path."""
+        if self._rpt_step is None:
+            self._rpt_step = CompiledRPTStep(self, self.compile_backend)
+        return self._rpt_step
+
     def flat_start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the batch-flat path starts at column n (every live row has settled n): ``[batch]`` which
         rows are live, and ``[batch, ntp_draws]`` their proposals for n + 1 (a finished row's: pad ids)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
 from rpt.sampling.step_events import step_flags
@@ -86,9 +85,7 @@ def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
     """The call at column m, its proposals and :func:`~rpt.sampling.step_events.step_flags`; compiled
     (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
     if d.compile_backend is not None and d.W < m < d.last:
-        if d.rpt_step is None:
-            d.rpt_step = CompiledRPTStep(d, d.compile_backend)
-        return d.rpt_step(m, final, alive)
+        return d.compiled_rpt_step()(m, final, alive)
     block, layout, vals = d.call_block(m, guess=final)
     x_m = d.seqs[:, m] if final is None else final
     return block, layout, vals, step_flags(d, d.seqs, vals, layout, x_m, alive, m)
