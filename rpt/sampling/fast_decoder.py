@@ -146,6 +146,16 @@ class _Block:
         return keep
 
 
+@dataclass(frozen=True)
+class _MadeCall:
+    """A call the batch-flat path (:mod:`rpt.sampling.rpt_path`) made at column n before it handed the
+    rows back: the per-row round at n, which needs this very call, reuses it."""
+
+    n: int
+    block: _Block
+    vals: torch.Tensor  # its proposals, on the device, in the block's ProposalLayout
+
+
 class _Pattern:
     """Device tensors of one block pattern (cached: a decode uses a handful), and the layout of its
     proposals (``draws`` NTP draws per query)."""
@@ -203,7 +213,7 @@ class Decoder:
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
-        self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
+        self.pending: _MadeCall | None = None  # set by hand_over, taken by the next round
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
         seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
@@ -374,8 +384,8 @@ class Decoder:
         pending, self.pending = self.pending, None
         self.apply_writes()  # host-to-device copies first, while the device is idle
         pattern = self.pattern(block)
-        if pending is not None and pending[:2] == (n, block):  # rpt_path made this very call already
-            vals = pending[2].tolist()
+        if pending is not None and (pending.n, pending.block) == (n, block):  # rpt_path made this call already
+            vals = pending.vals.tolist()
         else:
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
             vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
@@ -399,15 +409,16 @@ class Decoder:
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
         return torch.tensor(live, device=self.device), self.to_device(draws)
 
-    def hand_over(self, m: int, draws: torch.Tensor, call: tuple[_Block, torch.Tensor] | None = None) -> None:
+    def hand_over(self, m: int, draws: torch.Tensor, block: _Block | None = None, vals: torch.Tensor | None = None
+                  ) -> None:
         """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
-        proposals ``draws`` ``[batch, ntp_draws]`` for m; ``call``: the block and proposals of the call the
-        path made at m, if it made one (:attr:`pending`, which the per-row round at m reuses)."""
+        proposals ``draws`` ``[batch, ntp_draws]`` for m; ``block`` and ``vals``: the call the path made at
+        m, if it made one (:attr:`pending`, which the per-row round at m reuses)."""
         seqs, draws = self.seqs[:, :m].tolist(), draws.tolist()
         for s in self.slots:
             if s.requests is not None:
                 s.resume(seqs[s.index], m, self.plan, draws[s.index])
-        self.pending = None if call is None else (m, *call)
+        self.pending = None if block is None else _MadeCall(m, block, vals)
 
     def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
         """``[batch]`` bool: rows for which ``token`` at column c is their last (an EOS id, or the last

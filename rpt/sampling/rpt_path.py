@@ -67,7 +67,7 @@ def run(d, n: int) -> int:
             raise_nonfinite([b for b, (v, on) in enumerate(zip(vals[:, ProposalLayout.flag].tolist(), alive.tolist()))
                              if v and on])
         if stop:
-            d.hand_over(m, draws, (block, vals))
+            d.hand_over(m, draws, block, vals)
             return m
         if final is not None:
             d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
