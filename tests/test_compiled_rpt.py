@@ -16,6 +16,7 @@ import torch
 from benchmarks.compile_widths import Messages
 from rpt.sampling import SamplingConfig, compiled_ntp, compiled_rpt, generate, generate_reference
 from rpt.sampling.contexts import GrowingContexts, RotatedContexts
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model
@@ -62,8 +63,9 @@ def test_block_proposals_on_rotated_contexts_equal_growing_ones(case):
         its = torch.randint(0, 2, (len(lags), batch)) if lags else None
         growing = GrowingContexts(Proposer(cfg, width, seeds, pad_length=pad_length), seqs)
         rotated = RotatedContexts(cfg, seeds, seqs, torch.full_like(pads, width), pads)
-        want = block_proposals(growing, logits.clone(), n, n - pads, fed, True, keep_prev, lags, its)
-        got = block_proposals(rotated, logits.clone(), torch.tensor(n), n - pads, fed, True, keep_prev, lags, its)
+        layout = ProposalLayout(growing.proposer.ntp_draws, True, keep_prev, lags)
+        want = block_proposals(growing, logits.clone(), n, n - pads, fed, layout, its)
+        got = block_proposals(rotated, logits.clone(), torch.tensor(n), n - pads, fed, layout, its)
         assert torch.equal(got, want), (n, lags, cfg)
 
 

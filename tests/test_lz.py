@@ -373,20 +373,41 @@ def test_processor_compiles_to_one_graph(prompt_length):
         torch.testing.assert_close(compiled(ids, scores.clone()), proc(ids, scores.clone()))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_capture():
-    vocab, rows = 1000, 4
-    ids = torch.randint(0, vocab, (rows, 100), device="cuda")
-    scores = torch.randn(rows, vocab, device="cuda")
-    proc = LZPenaltyLogitsProcessor(0.15, 64, 8, prompt_length=torch.tensor([0, 5, 50, 99]))
-    want = proc(ids, scores)
+    """The default processor captured in a CUDA graph: each replay, over new ids in the captured
+    buffers, gives what an eager call on fresh tensors gives and what the definition gives. The
+    processor works in place, so the graph's output is its input buffer: the logits are copied in
+    anew before every replay, and the expected values are computed on other tensors."""
+    vocab, rows, window, buffer, alpha = 1000, 4, 64, 8, 0.15
+    starts = torch.tensor([0, 5, 50, 99])
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(rows, vocab, generator=gen).cuda()  # the same logits every replay: only ids move
+    proc = LZPenaltyLogitsProcessor(alpha, window, buffer, prompt_length=starts)
+    ids, scores = torch.zeros(rows, 100, dtype=torch.long, device="cuda"), logits.clone()
+    side = torch.cuda.Stream()  # warm up off the capture stream: the first call builds the cost tables
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        proc(ids, scores.clone())
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = proc(ids, scores)
-    ids.copy_(torch.randint(0, vocab, (rows, 100), device="cuda"))
-    graph.replay()
-    torch.testing.assert_close(out, proc(ids, scores))
-    assert not torch.equal(out, want)
+    replays = []
+    for period in (3, 7):  # repetitive ids of two periods: penalties that differ between the replays
+        new = periodic(rows, 100, period, vocab, gen)
+        ids.copy_(new)
+        scores.copy_(logits)  # the replay subtracts in place from this buffer
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = LZPenaltyLogitsProcessor(alpha, window, buffer, prompt_length=starts)(new.cuda(), logits.clone())
+        torch.testing.assert_close(out, eager)
+        for r, s in enumerate(starts.tolist()):
+            want = logits[r].cpu() - alpha * brute_lz(new[r, s:].tolist(), vocab, window, buffer).float()
+            torch.testing.assert_close(out[r].cpu(), want, atol=1e-5, rtol=1e-5)  # the device's log2
+        replays.append(out.clone())
+    assert not torch.equal(replays[0], replays[1])
 
 
 def test_benchmark_script_runs_in_the_default_environment():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpt.sampling import SamplingConfig, generate, generate_reference, rpt_path
-from rpt.sampling.fast_decoder import _Decoder
+from rpt.sampling.fast_decoder import Decoder
 from tests.test_decoder import prompts, rpt_model
 
 
@@ -19,10 +19,10 @@ def models():
 
 
 def flat_and_per_row_sends(monkeypatch, model, ids, cfg, mask):
-    """The flat-step decode and its program resumptions (``_Decoder._send``), and the per-row driver's
+    """The flat-step decode and its program resumptions (``Decoder._send``), and the per-row driver's
     resumptions alone; asserts both decode the same tokens."""
     sends = []
-    monkeypatch.setattr(_Decoder, "_send", lambda self, s, a, send=_Decoder._send: sends.append(1) or send(self, s, a))
+    monkeypatch.setattr(Decoder, "_send", lambda self, s, a, send=Decoder._send: sends.append(1) or send(self, s, a))
     flat = generate(model, ids, cfg, attention_mask=mask)
     flat_sends, sends[:] = len(sends), []
     rows = per_row_driver(monkeypatch, model, ids, cfg, mask)

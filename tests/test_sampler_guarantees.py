@@ -102,7 +102,7 @@ def test_nan_or_inf_logits_raise(poison):
 # ---- a row's budget is its own --------------------------------------------------------------------
 def test_a_rows_budget_does_not_depend_on_its_neighbours(model):
     """Context 256: a 1-token prompt beside a 240-token one still gets its 30 tokens (the long one 16),
-    and its tokens are those it gets alone."""
+    and its tokens are those it gets alone; the warning names the caller, in both decoders."""
     short = torch.tensor([[5]])
     long = torch.randint(0, V, (1, 240), generator=torch.Generator().manual_seed(23))
     ids = torch.cat([torch.cat([torch.zeros(1, 239, dtype=torch.long), short], 1), long])
@@ -110,7 +110,8 @@ def test_a_rows_budget_does_not_depend_on_its_neighbours(model):
     cfg = SamplingConfig(max_new_tokens=30, rpt_iters=1, rpt_window=2, confidence=0.0, eos_token_id=[])
     alone = generate(model, short, cfg)
     for decode in (generate, generate_reference):
-        with pytest.warns(UserWarning, match=r"rows \[1\] generate at most \[16\]"):
+        with pytest.warns(UserWarning, match=r"rows \[1\] generate at most \[16\]") as caught:
             out = decode(model, ids, cfg, attention_mask=mask)
+        assert caught[0].filename == __file__  # the warning names the line that called the decoder
         assert out.new_token_counts == [30, 16]
         assert out.generated(0) == alone.generated(0)

@@ -9,9 +9,9 @@ processor per lag. Here, as in :mod:`rpt.sampling.compiled_ntp`, the layout ``se
 rotated (:class:`~rpt.sampling.contexts.RotatedContexts`), so a decode runs one graph per window
 shape: the lags ``1 .. min(w - 1, m - W)`` are a Python tuple the graph specialises on (at most
 w - 2 graphs, as the first step runs eagerly; the last one serves every step once the window is
-full). The query block and its inputs (``_Decoder.common_block`` / ``common_ids`` /
+full). The query block and its inputs (``Decoder.common_block`` / ``common_ids`` /
 ``query_inputs``), the proposals (:func:`~rpt.sampling.proposals.block_proposals`) and the flags
-(:func:`rpt.sampling.rpt_path.step_flags`) are the statements the eager step runs; ``fullgraph=True``
+(:func:`rpt.sampling.step_events.step_flags`) are the statements the eager step runs; ``fullgraph=True``
 makes any graph break (a host synchronisation, an untraceable processor) an error. The step's one
 device-to-host transfer (any NaN row, any event) stays with the caller.
 
@@ -25,15 +25,17 @@ import torch
 
 from rpt.sampling.contexts import RotatedContexts
 from rpt.sampling.proposals import block_proposals
+from rpt.sampling.step_events import step_flags
 
 
 class CompiledRPTStep:
     """``step(m, final, alive)`` at column m (``W < m < last``): feed every row's ``x_m`` (``final`` in its
     place where given: sampled, the redraw after an unchanged sweep) and one PTP chain per lag, propose.
 
-    Returns ``(block, vals, flags)``: the call's block, its proposals as the eager step lays them out
-    (so an event hands the call to the per-row driver unchanged), and
-    :func:`~rpt.sampling.rpt_path.step_flags`.
+    Returns ``(block, layout, vals, flags)``: the call's block, its proposals in the eager step's
+    :class:`~rpt.sampling.proposal_layout.ProposalLayout` (so an event hands the call to the per-row
+    driver unchanged), and
+    :func:`~rpt.sampling.step_events.step_flags`.
     """
 
     def __init__(self, d, backend: str):
@@ -46,16 +48,14 @@ class CompiledRPTStep:
         self._warm = False
 
     def _step(self, seqs, m, final, alive, pattern, lags: tuple[int, ...]):
-        from rpt.sampling.rpt_path import step_flags  # rpt_path imports this module
-
         d = self.d
         ids = d.common_ids(seqs, pattern, m, final)
         positions, write, vis, offsets = d.query_inputs(pattern, ids, m)
         logits = d.queries.whole_cache_step(ids, positions, write, vis, offsets, pattern.keep)
         contexts = RotatedContexts(d.config, d.proposer.seeds, seqs, self.prompt, d.pads)
         its = d.common_iterations(lags, ids.shape[0])
-        vals = block_proposals(contexts, logits, m, m - d.pads, ids[:, 0], True, False, lags, its)
-        return vals, step_flags(d, seqs, vals, lags, d.proposer.ntp_draws, ids[:, 0], alive, m)
+        vals = block_proposals(contexts, logits, m, m - d.pads, ids[:, 0], pattern.layout, its)
+        return vals, step_flags(d, seqs, vals, pattern.layout, ids[:, 0], alive, m)
 
     def __call__(self, m: int, final: torch.Tensor | None, alive: torch.Tensor):
         d = self.d
@@ -66,6 +66,7 @@ class CompiledRPTStep:
         # on, so the next call would re-trace
         run = self._compiled if self._warm else self._step
         self._warm = True
+        pattern = d.pattern(block)
         with d.queries.whole_cache_calls():
-            vals, flags = run(d.seqs, self.m, final, alive, d._pattern(block), block.lags)
-        return block, vals, flags
+            vals, flags = run(d.seqs, self.m, final, alive, pattern, block.lags)
+        return block, pattern.layout, vals, flags

@@ -44,23 +44,17 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import ModelQueries, Visibility
-from rpt.sampling import ntp_path, randomness, rpt_path
+from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
+from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import GrowingContexts
+from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
 from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
-from rpt.sampling.prompts import (
-    Prompts,
-    check_model,
-    pad_token_id,
-    prepare_prompts,
-    row_budgets,
-    rpt_iterations,
-)
+from rpt.sampling.prompts import Prompts
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals, raise_nonfinite
-from rpt.sampling.stopping import StopChecker
-from rpt.sampling.streaming import check_streamer
 
 WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
@@ -108,6 +102,20 @@ class _Slot:
         draws = self.draws.get(c)
         return draws if draws is not None and self.served_upto(min(c - 1, n)) >= c else None
 
+    def resume(self, tokens: list[int], m: int, plan: Plan, draws: list[int]) -> None:
+        """Take the row back from the batch-flat path at column m: its ``tokens`` (the layout's columns
+        before m), a program resumed at position ``m - pad``, the cache through column m - 1, and its
+        proposals ``draws`` for m."""
+        row = self.row
+        row.tokens = tokens[self.pad:]
+        row.take_dirty()
+        self.program = decode_row(row, plan, start=m - self.pad)
+        self.requests = next(self.program)
+        self.kv[self.low: m] = tokens[self.low: m]
+        self.kv[m:] = [None] * (len(self.kv) - m)
+        self.low = max(self.low, m - 1 - plan.w)
+        self.draws = {m: draws}
+
 
 @dataclass(frozen=True)
 class _Block:
@@ -138,10 +146,21 @@ class _Block:
         return keep
 
 
-class _Pattern:
-    """Device tensors of one block pattern (cached: a decode uses a handful)."""
+@dataclass(frozen=True)
+class _MadeCall:
+    """A call the batch-flat path (:mod:`rpt.sampling.rpt_path`) made at column n before it handed the
+    rows back: the per-row round at n, which needs this very call, reuses it."""
 
-    def __init__(self, block: _Block, device: torch.device):
+    n: int
+    block: _Block
+    vals: torch.Tensor  # its proposals, on the device, in the block's ProposalLayout
+
+
+class _Pattern:
+    """Device tensors of one block pattern (cached: a decode uses a handful), and the layout of its
+    proposals (``draws`` NTP draws per query)."""
+
+    def __init__(self, block: _Block, device: torch.device, draws: int):
         table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
         self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
         self.offsets = offsets if block.lags else None
@@ -150,30 +169,23 @@ class _Pattern:
         self.keep: int | torch.Tensor = len(keep) if keep == list(range(q - len(keep), q)) else \
             torch.tensor(keep, dtype=torch.long, device=device)
         self.scratch = q - block.region
+        self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
 
 
-class _Decoder:
+class Decoder:
     """One ``generate`` call: the rows' programs, the device state, the model queries."""
 
-    def __init__(self, model, config: SamplingConfig, input_ids: torch.Tensor, attention_mask, tokenizer, streamer,
-                 seeds: list[int] | None, compile: bool | str):
-        self.start = time.perf_counter()
-        config.validate()
-        config = config.with_default_eos(model, tokenizer)
-        check_model(model, config)
-        self.config, self.input_ids, self.streamer = config, input_ids, streamer
-        self.prompts = prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
-        check_streamer(streamer, len(prompts.rows))
-        k = rpt_iterations(model, config)
-        self.budgets = row_budgets(model, prompts, config)
-        self.plan = Plan(k=k, w=config.rpt_window, max_new=max(self.budgets),
-                         deterministic=config.deterministic,
-                         stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
+    def __init__(self, model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
+                 compile: bool | str):
+        self.start = start
+        self.config = config = inputs.config
+        self.input_ids, self.streamer = input_ids, streamer
+        self.prompts = prompts = inputs.prompts
+        self.budgets, self.plan, self.pad_id, self.seeds = inputs.budgets, inputs.plan, inputs.pad_id, inputs.seeds
+        k = self.plan.k
         self.device = device = input_ids.device
         self.W = W = prompts.width
         self.last = W + self.plan.max_new - 1  # last column to generate
-        self.pad_id = pad_token_id(model, config)
-        self.seeds = randomness.row_seeds(config.seed, len(prompts.rows), seeds)
         self.seqs = self._layout(prompts)  # the rows' current tokens: the processors' contexts
         self.pads = torch.tensor(prompts.pads, device=device)
         # for the batch-flat paths, built once: each row's last position's column, and the EOS ids
@@ -196,12 +208,12 @@ class _Decoder:
         if compile and (self.flat or ntp_path.eligible(self)):  # the compiled steps read the layout at a fixed width
             self.seqs = torch.nn.functional.pad(self.seqs, (0, self.queries.capacity - self.seqs.shape[1]),
                                                 value=self.pad_id)
-        self.rpt_step = None  # the compiled common RPT step (rpt_path), built at its first use
+        self._rpt_step: CompiledRPTStep | None = None  # built at its first use (compiled_rpt_step)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
-        self.pending: tuple | None = None  # (n, block, proposals) of a call rpt_path made and handed over
+        self.pending: _MadeCall | None = None  # set by hand_over, taken by the next round
 
     def _layout(self, prompts: Prompts) -> torch.Tensor:
         seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
@@ -276,18 +288,18 @@ class _Decoder:
         region = n + 1 - start
         return _Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
 
-    def _to_device(self, values: list) -> torch.Tensor:
+    def to_device(self, values: list) -> torch.Tensor:
         """A host list as a device tensor; on CUDA through pinned memory, so the copy does not wait for
         the GPU (a copy from pageable memory synchronises the stream)."""
         t = torch.tensor(values, dtype=torch.long)
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
 
-    def _apply_writes(self) -> None:
+    def apply_writes(self) -> None:
         if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
             for b, c, token in self.writes:
                 self.seqs[b, c] = token
         elif self.writes:
-            w = self._to_device(self.writes)
+            w = self.to_device(self.writes)
             self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
@@ -296,7 +308,7 @@ class _Decoder:
         (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
         ids = self.seqs.index_select(1, pattern.src + n)
         if self.guesses:  # column n is the region's last query
-            g = self._to_device(self.guesses)
+            g = self.to_device(self.guesses)
             ids[g[:, 0], block.region - 1] = g[:, 1]
         return ids
 
@@ -321,21 +333,20 @@ class _Decoder:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
         if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
             return None
-        return self._to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
+        return self.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
                                 for lag in block.lags])
 
-    def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, its: torch.Tensor | None, n: int
-                   ) -> torch.Tensor:
+    def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, layout: ProposalLayout,
+                   its: torch.Tensor | None, n: int) -> torch.Tensor:
         """Every proposal of the call (:func:`~rpt.sampling.proposals.block_proposals`), on the device: the
         caller moves it to the host with one transfer. The NTP proposal for n + 1 conditions on the token
         fed at column n (a row's guess, if it made one)."""
         fed = ids[:, block.region - 1] if block.keep_top else None
-        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed,
-                               block.keep_top, block.keep_prev, block.lags, its)
+        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed, layout, its)
 
-    def _record(self, s: _Slot, vals: list[int], block: _Block, n: int) -> None:
+    def _record(self, s: _Slot, vals: list[int], block: _Block, layout: ProposalLayout, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of
-        :meth:`_proposals`, its nonfinite flag first)."""
+        :meth:`_proposals`, in ``layout``'s columns)."""
         changed = n + 1
         for c in range(n - block.region + 1, n + 1):
             fed = s.feed.get(c, s.token(c))
@@ -349,41 +360,66 @@ class _Decoder:
             for c in range(s.low, low):  # nor is any older column's proposal asked for again
                 s.draws.pop(c, None)
             s.low = low
-        d, at = self.proposer.ntp_draws, 1
-        if block.keep_top:
-            s.draws[n + 1], at = vals[1: 1 + d], 1 + d
-        if block.keep_prev:
-            s.draws[n] = vals[at: at + d]
+        if layout.keep_top:
+            s.draws[n + 1] = vals[layout.top]
+        if layout.keep_prev:
+            s.draws[n] = vals[layout.prev]
 
-    def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, chains: dict, n: int) -> None:
-        at = 1 + self.proposer.ntp_draws * (block.keep_top + block.keep_prev)  # past the flag and the NTP draws
+    def _deliver(self, live: list[_Slot], vals: list[list[int]], block: _Block, layout: ProposalLayout, chains: dict,
+                 n: int) -> None:
         for s in live:
-            self._record(s, vals[s.index], block, n)
+            self._record(s, vals[s.index], block, layout, n)
             if s.index in chains:
-                v = vals[s.index]
-                answers = {lag: (v[at + 2 * i], bool(v[at + 2 * i + 1])) for i, lag in enumerate(block.lags)}
+                answers = layout.answers(vals[s.index])
                 self._send(s, [answers[r.lag] for r in s.requests])
 
-    def _pattern(self, block: _Block) -> _Pattern:
+    def pattern(self, block: _Block) -> _Pattern:
         pattern = self._patterns.get(block)
         if pattern is None:
-            pattern = self._patterns[block] = _Pattern(block, self.device)
+            pattern = self._patterns[block] = _Pattern(block, self.device, self.proposer.ntp_draws)
         return pattern
 
     def _round(self, live: list[_Slot], n: int) -> None:
         block, chains = self._plan(live, n)
         pending, self.pending = self.pending, None
-        self._apply_writes()  # host-to-device copies first, while the device is idle
-        if pending is not None and pending[:2] == (n, block):  # rpt_path made this very call already
-            vals = pending[2].tolist()
+        self.apply_writes()  # host-to-device copies first, while the device is idle
+        pattern = self.pattern(block)
+        if pending is not None and (pending.n, pending.block) == (n, block):  # rpt_path made this call already
+            vals = pending.vals.tolist()
         else:
-            pattern = self._pattern(block)
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
-            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, its, n).tolist()
-        raise_nonfinite([s.index for s in live if vals[s.index][0]])  # padding rows of finished ones aside
-        self._deliver(live, vals, block, chains, n)
+            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
+        # padding rows of finished ones aside
+        raise_nonfinite([s.index for s in live if vals[s.index][ProposalLayout.flag]])
+        self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
+    def compiled_rpt_step(self) -> CompiledRPTStep:
+        """The compiled common step (:mod:`rpt.sampling.compiled_rpt`), one per decode: built at its first
+        use, it serves every later hand-over to the batch-flat path."""
+        if self._rpt_step is None:
+            self._rpt_step = CompiledRPTStep(self, self.compile_backend)
+        return self._rpt_step
+
+    def flat_start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the batch-flat path starts at column n (every live row has settled n): ``[batch]`` which
+        rows are live, and ``[batch, ntp_draws]`` their proposals for n + 1 (a finished row's: pad ids)."""
+        live = [s.requests is not None for s in self.slots]
+        finished = [self.pad_id] * self.proposer.ntp_draws
+        draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
+        return torch.tensor(live, device=self.device), self.to_device(draws)
+
+    def hand_over(self, m: int, draws: torch.Tensor, block: _Block | None = None, vals: torch.Tensor | None = None
+                  ) -> None:
+        """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
+        proposals ``draws`` ``[batch, ntp_draws]`` for m; ``block`` and ``vals``: the call the path made at
+        m, if it made one (:attr:`pending`, which the per-row round at m reuses)."""
+        seqs, draws = self.seqs[:, :m].tolist(), draws.tolist()
+        for s in self.slots:
+            if s.requests is not None:
+                s.resume(seqs[s.index], m, self.plan, draws[s.index])
+        self.pending = None if block is None else _MadeCall(m, block, vals)
+
     def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
         """``[batch]`` bool: rows for which ``token`` at column c is their last (an EOS id, or the last
         column of their budget)."""
@@ -410,20 +446,21 @@ class _Decoder:
             return None
         return torch.ones((len(lags), batch), dtype=torch.long, device=self.device)
 
-    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, torch.Tensor]:
-        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block and proposals
-        (on the device)."""
+    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, ProposalLayout, torch.Tensor]:
+        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block, the layout of
+        its proposals and the proposals (on the device)."""
         block = self.common_block(n)
-        pattern = self._pattern(block)
+        pattern = self.pattern(block)
         ids = self.common_ids(self.seqs, pattern, n, guess)
         its = self.common_iterations(block.lags, ids.shape[0])
-        return block, self._proposals(self._call(block, ids, pattern, n), ids, block, its, n)
+        return block, pattern.layout, self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout,
+                                                      its, n)
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
         .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
         block = _Block(region, (), keep_top=True, keep_prev=False)
-        pattern = self._pattern(block)
+        pattern = self.pattern(block)
         # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
         return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
                           pattern, n)
@@ -487,7 +524,9 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         model.check_offsets = False  # the offsets are built here; its range check would sync every call
     try:
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
-            out = _Decoder(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds, compile).run()
+            start = time.perf_counter()
+            inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
+            out = Decoder(model, inputs, input_ids, streamer, start, compile).run()
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:

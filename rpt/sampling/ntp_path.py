@@ -40,7 +40,7 @@ def _eager_step(d, logits: torch.Tensor, n: int, done: torch.Tensor, end: torch.
 
 
 def run(d) -> GenerateOutput:
-    """Decode every row of the :class:`~rpt.sampling.fast_decoder._Decoder` ``d`` to its end."""
+    """Decode every row of the :class:`~rpt.sampling.fast_decoder.Decoder` ``d`` to its end."""
     W, batch = d.W, len(d.prompts.rows)
     end = d.last_cols.clone()  # the column of each row's final token, once it is done
     done = torch.zeros(batch, dtype=torch.bool, device=d.device)

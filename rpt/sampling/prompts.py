@@ -103,7 +103,8 @@ def row_budgets(model, prompts: Prompts, config: SamplingConfig) -> list[int]:
     short = [b for b, budget in enumerate(budgets) if budget < config.max_new_tokens]
     if short:
         warnings.warn(f"max_new_tokens={config.max_new_tokens} would run past the model's context of {limit} "
-                      f"tokens; rows {short} generate at most {[budgets[b] for b in short]}", stacklevel=4)
+                      f"tokens; rows {short} generate at most {[budgets[b] for b in short]}",
+                      stacklevel=5)  # the caller of generate / generate_reference: past prepare_decode and no_grad
     return budgets
 
 

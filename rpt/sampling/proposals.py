@@ -23,6 +23,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.processors import build_logits_processors, penalty_processors, warper_processors
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.randomness import NTP, inverse_cdf, uniforms
 
 
@@ -119,27 +120,30 @@ class Proposer:
         return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
 
 
-def block_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tensor | None, keep_top: bool,
-                    keep_prev: bool, lags: tuple[int, ...], its: torch.Tensor | None) -> torch.Tensor:
-    """Every proposal of a decoder call at column n, ``[batch, ...]`` int64, in this order: whether the
-    row's logits hold NaN / inf; with ``keep_top`` the NTP draws for column n + 1 over ``x_{<= n}``
-    (``x_n = fed`` where given); with ``keep_prev`` those for n over ``x_{< n}``; per lag l, the PTP
-    ``(token, accepted)`` for ``x_{n-l}`` over ``x_{< n-l}``, keyed by iteration ``its[i]``.
+def block_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tensor | None, layout: ProposalLayout,
+                    its: torch.Tensor | None) -> torch.Tensor:
+    """Every proposal of a decoder call at column n, ``[batch, layout.width]`` int64 in ``layout``'s
+    columns: whether the row's logits hold NaN / inf; with ``keep_top`` the NTP draws for column n + 1
+    over ``x_{<= n}`` (``x_n = fed`` where given); with ``keep_prev`` those for n over ``x_{< n}``; per
+    lag l, the PTP ``(token, accepted)`` for ``x_{n-l}`` over ``x_{< n-l}``, keyed by iteration ``its[i]``.
 
     ``logits``: ``[batch, K, V]``, one query per proposal kind in that order; ``position``: each row's
     position of column n; ``contexts``: :class:`~rpt.sampling.contexts.GrowingContexts` (eager) or
     :class:`~rpt.sampling.contexts.RotatedContexts` (fixed width, inside ``torch.compile``)."""
     out, at = [nonfinite(logits)[:, None].long()], 0
-    if keep_top:
+    if layout.keep_top:
         proposer, context = contexts.upto(n, fed)
         out.append(proposer.ntp(context, logits[:, at], position + 1))
         at += 1
-    if keep_prev:
+    if layout.keep_prev:
         proposer, context = contexts.upto(n - 1)
         out.append(proposer.ntp(context, logits[:, at], position))
         at += 1
-    for i, lag in enumerate(lags):
+    for i, lag in enumerate(layout.lags):
         proposer, context = contexts.upto(n - lag - 1)
         tokens, accepted = proposer.ptp(context, logits[:, at + i], position, None if its is None else its[i], lag)
         out += [tokens[:, None], accepted[:, None].long()]
-    return torch.cat(out, dim=1)
+    vals = torch.cat(out, dim=1)
+    if vals.shape[1] != layout.width:  # a shape, known while tracing: no synchronisation
+        raise AssertionError(f"proposals of width {vals.shape[1]} for {layout}")
+    return vals

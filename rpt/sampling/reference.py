@@ -18,21 +18,12 @@ import time
 
 import torch
 
-from rpt.sampling import randomness
 from rpt.sampling.algorithm import NTPRequest, Plan, Row, decode_row
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.decode_inputs import prepare_decode
 from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
-from rpt.sampling.prompts import (
-    check_model,
-    pad_token_id,
-    prepare_prompts,
-    row_budgets,
-    rpt_iterations,
-)
 from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
-from rpt.sampling.stopping import StopChecker
-from rpt.sampling.streaming import check_streamer
 
 
 class _UncachedAnswers:
@@ -91,30 +82,21 @@ def generate_reference(model, input_ids: torch.Tensor, config: SamplingConfig, a
     ``row_seeds`` keys each row's draws, default ``row_seed(config.seed, b)``, a hash).
     """
     start = time.perf_counter()
-    config.validate()
-    config = config.with_default_eos(model, tokenizer)
-    check_model(model, config)
-    prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
-    check_streamer(streamer, len(prompts.rows))
-    k = rpt_iterations(model, config)
-    budgets = row_budgets(model, prompts, config)
-    plan = Plan(k=k, w=config.rpt_window, max_new=max(budgets),
-                deterministic=config.deterministic,
-                stopper=StopChecker(config.eos_token_ids, config.stop, tokenizer, window=config.rpt_window))
-    seeds = randomness.row_seeds(config.seed, len(prompts.rows), row_seeds)
+    inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
+    config, prompts, plan, seeds = inputs.config, inputs.prompts, inputs.plan, inputs.seeds
     device = input_ids.device
     calls = corrections = 0
     generated, reasons = [], []
     for b, (prompt, prefix) in enumerate(zip(prompts.rows, prompts.prefixes)):
         healing = TokenHealingLogitsProcessor(prompts.vocab, [prefix], len(prompt)) if prefix else None
         proposer = Proposer(config, len(prompt), torch.tensor([seeds[b]], device=device), healing=healing)
-        row = Row(prompt, prefix, prompts.vocab, streamer, stream_lag=config.rpt_window - 1 if k else 0,
-                  max_new=budgets[b])
+        row = Row(prompt, prefix, prompts.vocab, streamer, stream_lag=config.rpt_window - 1 if plan.k else 0,
+                  max_new=inputs.budgets[b])
         calls += _decode(model, row, plan, proposer, device)
         generated.append(row.generated)
         reasons.append(row.reason)
         corrections += row.corrections
     stats = {"forward_passes": calls, "corrections": corrections}
-    return assemble(input_ids, prompts, generated, reasons, pad_token_id(model, config), stats, start,
+    return assemble(input_ids, prompts, generated, reasons, inputs.pad_id, stats, start,
                     healed=config.token_healing, seeds=seeds)
 

@@ -23,18 +23,18 @@ position.
 At an event the step is handed back unfinished: every live row gets a fresh program resumed at
 position ``m`` (:func:`~rpt.sampling.algorithm.decode_row` with ``start``), the driver's view of the
 cache (through ``m - 1``) and the proposals for ``m``, and the driver runs position ``m`` per row,
-reusing the call just made (:attr:`_Decoder.pending`), so an event costs no extra call. The driver
-hands over again once every live row has settled a column. Stop strings, token healing and a
-streamer stay with the per-row driver.
+reusing the call just made (:meth:`~rpt.sampling.fast_decoder.Decoder.hand_over`), so an event costs
+no extra call. The driver hands over again once every live row has settled a column. Stop strings,
+token healing and a streamer stay with the per-row driver.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rpt.sampling.algorithm import decode_row
-from rpt.sampling.compiled_rpt import CompiledRPTStep
+from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
+from rpt.sampling.step_events import step_flags
 
 
 def eligible(decoder) -> bool:
@@ -45,27 +45,12 @@ def eligible(decoder) -> bool:
             and not any(decoder.prompts.prefixes) and decoder.streamer is None)
 
 
-def events(seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, m) -> torch.Tensor:
-    """``[batch]`` bool: rows whose sweep at column m (an int or a 0-dim tensor) accepts a proposal that
-    differs from the token. ``vals``: the call's proposals (its NaN flag, ``at`` NTP draws, then
-    ``(token, accepted)`` per lag)."""
-    if not lags:
-        return torch.zeros_like(vals[:, 0], dtype=torch.bool)
-    # the common step's lags are 1 .. L: an arange, not a tensor of the tuple (a host-to-device copy)
-    assert lags == tuple(range(1, len(lags) + 1)), lags
-    current = seqs.index_select(1, m - torch.arange(1, len(lags) + 1, device=seqs.device))  # x_{m-l} per lag
-    chains = vals[:, 1 + at: 1 + at + 2 * len(lags)].reshape(-1, len(lags), 2)
-    return (chains[..., 1].bool() & (chains[..., 0] != current)).any(1)
-
-
 def run(d, n: int) -> int:
     """Common steps from the driver's state at column n (every live row has settled n and knows its
     proposals for n + 1) until an event; returns the column the per-row driver goes on settling."""
     draws_per = d.proposer.ntp_draws  # 1 (greedy) or k + 1 = 2 (sampled): x_m's draw per iteration
-    alive = torch.tensor([s.requests is not None for s in d.slots], device=d.device)
-    draws = d._to_device([s.usable(n + 1, n) if s.requests is not None else [d.pad_id] * draws_per
-                          for s in d.slots])
-    d._apply_writes()
+    alive, draws = d.flat_start(n)
+    d.apply_writes()
     m = n + 1
     while True:
         proposal = draws[:, 0]
@@ -74,19 +59,19 @@ def run(d, n: int) -> int:
         # at the first position, which has no window)
         final = draws[:, -1] if draws_per > 1 and m > d.W else None
         if m == d.W and _nobody_goes_on(d, proposal, alive, m):
-            _hand_over(d, draws, m)
+            d.hand_over(m, draws)
             return m
-        block, vals, flags = _step(d, m, final, alive)
+        block, layout, vals, flags = _step(d, m, final, alive)
         bad, stop = flags.tolist()  # the step's one transfer
         if bad:
-            raise_nonfinite([b for b, v in enumerate(vals[:, 0].tolist()) if v and d.slots[b].requests is not None])
+            raise_nonfinite([b for b, (v, on) in enumerate(zip(vals[:, ProposalLayout.flag].tolist(), alive.tolist()))
+                             if v and on])
         if stop:
-            _hand_over(d, draws, m)
-            d.pending = (m, block, vals)
+            d.hand_over(m, draws, block, vals)
             return m
         if final is not None:
             d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
-        draws = vals[:, 1: 1 + draws_per]
+        draws = vals[:, layout.top]
         m += 1
 
 
@@ -96,40 +81,11 @@ def _nobody_goes_on(d, x_m: torch.Tensor, alive: torch.Tensor, m: int) -> bool:
     return not bool((alive & ~d.ends_at(x_m, m)).any())
 
 
-def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, lags: tuple[int, ...], at: int, x_m: torch.Tensor,
-               alive: torch.Tensor, m) -> torch.Tensor:
-    """``[2]``: whether any live row's logits were NaN / inf, and whether any live row has an event (an
-    accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer."""
-    event = events(seqs, vals, lags, at, m) | d.ends_at(x_m, m)
-    return torch.stack([(vals[:, 0].bool() & alive).any(), (event & alive).any()])
-
-
 def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
-    """The call at column m, its proposals and :func:`step_flags`; compiled
+    """The call at column m, its proposals and :func:`~rpt.sampling.step_events.step_flags`; compiled
     (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
     if d.compile_backend is not None and d.W < m < d.last:
-        if d.rpt_step is None:
-            d.rpt_step = CompiledRPTStep(d, d.compile_backend)
-        return d.rpt_step(m, final, alive)
-    block, vals = d.call_block(m, guess=final)
+        return d.compiled_rpt_step()(m, final, alive)
+    block, layout, vals = d.call_block(m, guess=final)
     x_m = d.seqs[:, m] if final is None else final
-    at = d.proposer.ntp_draws * int(block.keep_top)
-    return block, vals, step_flags(d, d.seqs, vals, block.lags, at, x_m, alive, m)
-
-
-def _hand_over(d, draws: torch.Tensor, m: int) -> None:
-    """Give every live row back to the per-row driver at position ``m - pad`` (its tokens, a program
-    resumed there, the cache it has through column m - 1, its proposals ``[batch, draws]`` for m)."""
-    seqs, draws = d.seqs[:, :m].tolist(), draws.tolist()
-    for s in d.slots:
-        if s.requests is None:
-            continue
-        row, tokens = s.row, seqs[s.index]
-        row.tokens = tokens[s.pad:]
-        row.take_dirty()
-        s.program = decode_row(row, d.plan, start=m - s.pad)
-        s.requests = next(s.program)
-        s.kv[s.low: m] = tokens[s.low: m]
-        s.kv[m:] = [None] * (len(s.kv) - m)
-        s.low = max(s.low, m - 1 - d.plan.w)
-        s.draws = {m: draws[s.index]}
+    return block, layout, vals, step_flags(d, d.seqs, vals, layout, x_m, alive, m)
