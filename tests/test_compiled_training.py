@@ -1,5 +1,5 @@
 """``compile: true`` (rpt/compiled_blocks.py): the same training as eager, compiled once, under
-gradient checkpointing, DDP and DeepSpeed ZeRO-2, and refused in one line under ZeRO-3."""
+gradient checkpointing, DDP and DeepSpeed ZeRO-2 (a slow test), and refused in one line under ZeRO-3."""
 
 import json
 import os
@@ -46,12 +46,15 @@ def test_compiled_blocks_train_like_eager_and_compile_once(tmp_path, objective):
     cfg = write_config(tmp_path, model=TINY_MODEL, objective=objective, max_steps=20, eval_every=20, eval_batches=2,
                        save_every=100, seq_len=64)
     compiled_env = dict(env(), TORCH_LOGS="recompiles")
+    # The two runs side by side: each trains on one thread, and the tests leave the second core idle.
+    procs = {name: subprocess.Popen(train_cmd(cfg, f"output_dir={tmp_path / name}", *extra), env=compiled_env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for name, extra in (("eager", []), ("compiled", ["compile=true"]))}
     runs = {}
-    for name, extra in (("eager", []), ("compiled", ["compile=true"])):
-        out = subprocess.run(train_cmd(cfg, f"output_dir={tmp_path / name}", *extra), env=compiled_env,
-                             capture_output=True, text=True, timeout=400, cwd=ROOT)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs[name] = out
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=400)
+        assert proc.returncode == 0, stderr[-3000:]
+        runs[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert "transformer blocks compiled with inductor" in runs["compiled"].stdout
     assert not recompiled(runs["compiled"].stderr), runs["compiled"].stderr[-3000:]
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
@@ -113,19 +116,46 @@ def test_two_process_ddp_trains_compiled_blocks_in_lockstep(tmp_path):
     assert fp[0] == pytest.approx(fp[1], rel=0, abs=0)
 
 
-def test_deepspeed_zero2_trains_compiled_and_zero3_refuses_in_one_line(tmp_path):
+@pytest.mark.slow  # a DeepSpeed engine and a compilation: about 25 s
+def test_deepspeed_zero2_trains_compiled(tmp_path):
     pytest.importorskip("deepspeed")
     cfg = write_config(tmp_path, max_steps=2, save_every=100, eval_batches=1, eval_every=2, compile=True,
                        compile_backend="aot_eager")
     zero2 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 2), 29547, cfg))
     assert zero2.returncode == 0, zero2.stderr[-3000:]
+    assert "transformer blocks compiled with aot_eager" in zero2.stdout
     assert sorted(losses(tmp_path / "run")) == [1, 2]
-    zero3 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 3), 29548, cfg, f"output_dir={tmp_path / 'z3'}"))
+
+
+def test_zero3_with_compile_is_refused_before_any_work():
+    from types import SimpleNamespace
+
+    from rpt.config import ConfigError
+    from rpt.training import check_backend
+
+    def accelerator(stage):
+        plugin = SimpleNamespace(zero_stage=stage) if stage else None
+        return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin))
+
+    cfg = TrainConfig(model="x", data="x", compile=True)
+    with pytest.raises(ConfigError, match="ZeRO-3.*use ZeRO-2 or DDP with compile: true, or compile: false"):
+        check_backend(accelerator(3), cfg)
+    for stage in (0, 2):
+        check_backend(accelerator(stage), cfg)
+    check_backend(accelerator(3), TrainConfig(model="x", data="x"))
+
+
+@pytest.mark.slow  # launching DeepSpeed: about 10 s (the refusal itself is tested just above)
+def test_deepspeed_zero3_refuses_compile_in_one_line(tmp_path):
+    pytest.importorskip("deepspeed")
+    cfg = write_config(tmp_path, compile=True)
+    zero3 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 3), 29548, cfg))
     assert zero3.returncode != 0
     errors = [line for line in zero3.stderr.splitlines() if line.startswith("error:")]
     assert errors and "ZeRO-3" in errors[0] and "compile" in errors[0], zero3.stderr[-2000:]
     # the training process stops with that line; the only traceback is accelerate launch's own report of the exit
     assert f"{os.sep}rpt{os.sep}" not in zero3.stderr.split(errors[0])[0], zero3.stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoint-1").exists()
 
 
 def test_compile_backend_is_checked():
