@@ -167,3 +167,25 @@ def test_compile_backend_is_checked():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_lora_blocks_compile_to_the_same_loss_and_gradients():
+    """PEFT's LoRA layers inside a compiled block (aot_eager: dynamo + AOTAutograd): the eager numbers."""
+    from rpt.lora import add_lora
+
+    cfg = TrainConfig(model="x", data="x", objective="rpt", seq_len=32, window=3, s=1.0, q=0.2)
+    batch = make_batch(cfg, torch.randint(0, 97, (4, 33), generator=torch.Generator().manual_seed(1)), 1, 0)
+    results = []
+    for compiled in (False, True):
+        model = RPTForCausalLM.from_base(tiny_llama(), window=3).train()
+        add_lora(model, {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]})
+        if compiled:
+            compile_blocks(model, "aot_eager")
+        out = forward(model, batch)
+        out.loss.backward()
+        results.append((out.loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (ref_loss, ref_grads) = results[1], results[0]
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    assert grads.keys() == ref_grads.keys() and any("lora" in n for n in grads)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7)
