@@ -79,6 +79,11 @@ def _logits_into(buf: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, bias,
     return z
 
 
+def _tile_buffer(blocks: Blocks, n: int, vocab: int, device) -> torch.Tensor:
+    """The one float32 buffer every tile's logits are computed into."""
+    return torch.empty(min(blocks.tokens, n), min(blocks.vocab, vocab), dtype=torch.float32, device=device)
+
+
 def _spans(total: int, size: int):
     return [(s, min(total, s + size)) for s in range(0, total, size)]
 
@@ -97,7 +102,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         target = labels.masked_fill(~valid, 0)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         picked = torch.zeros_like(lse)
-        buf = torch.empty(min(blocks.tokens, n), min(blocks.vocab, vocab), dtype=torch.float32, device=hidden.device)
+        buf = _tile_buffer(blocks, n, vocab, hidden.device)
         token_spans, vocab_spans = _spans(n, blocks.tokens), _spans(vocab, blocks.vocab)
         for t0, t1 in token_spans:
             h, tgt = hidden[t0:t1], target[t0:t1]
@@ -137,13 +142,12 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_b = torch.zeros(vocab, dtype=torch.float32, device=hidden.device) if need_b else None
         g = grad_losses.float() * valid
-        buf = None
-        if ctx.probs is None:
-            buf = torch.empty(min(blocks.tokens, n), min(blocks.vocab, vocab), dtype=torch.float32, device=hidden.device)
+        buf = _tile_buffer(blocks, n, vocab, hidden.device) if ctx.probs is None else None
         for t0, t1 in token_spans:
             h, tgt = hidden[t0:t1], target[t0:t1]
             rows = torch.arange(t1 - t0, device=hidden.device)
-            # grad_hidden sums a product per vocabulary block: in float32 (one rounding, at the end).
+            # grad_hidden sums a product per vocabulary block: in float32 (one rounding, at the end),
+            # in place when grad_hidden is float32 itself, else in a float32 buffer copied at the end.
             acc_h = None
             if need_h and len(vocab_spans) > 1:
                 acc_h = grad_h[t0:t1].zero_() if hidden.dtype == torch.float32 else torch.zeros(
@@ -182,7 +186,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                         grad_w[v0:v1].addmm_(pc.t(), h)
                     else:
                         grad_w[v0:v1] += pc.t() @ h
-            if acc_h is not None and acc_h.data_ptr() != grad_h[t0:t1].data_ptr():
+            if acc_h is not None and hidden.dtype != torch.float32:
                 grad_h[t0:t1] = acc_h
         ctx.probs = None
         if grad_b is not None:
