@@ -74,3 +74,12 @@ def test_bad_keywords_and_missing_table_are_clear_errors(ckpt, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="needs the offset table"):
         base.generate(x, custom_generate=path, trust_remote_code=True, rpt_iters=1)
+
+
+def test_right_padded_prompts_are_refused_with_the_tokenizer_setting_that_fixes_them(ckpt):
+    """A right-padded batch (HF tokenizers' default padding side) is one error that names the fix."""
+    path, plain, _ = ckpt
+    x, mask = prompts()
+    mask[1] = torch.tensor([1] * 6 + [0] * 3)  # row 1 padded on the right
+    with pytest.raises(ValueError, match=r'left-padded.*padding_side = "left"'):
+        plain.generate(x, attention_mask=mask, custom_generate=path, trust_remote_code=True, max_new_tokens=4)

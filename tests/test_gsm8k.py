@@ -153,3 +153,21 @@ def test_bad_input_gives_one_clear_error(script, tmp_path, capsys, data_rows, co
     assert script.main(["--completions", source, "--data", str(data), "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+def test_a_few_shot_prompt_longer_than_the_context_names_shots(script, tmp_path, capsys):
+    """8 shots overflow a 256-position model: one line that names --shots, before any generation."""
+    from tests.eval_helpers import gsm8k_folder
+    from tests.tiny_models import save_tiny_checkpoint
+
+    data = gsm8k_folder(tmp_path / "gsm8k", n_train=8, n_test=2)
+    ckpt = save_tiny_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "o.json"
+    argv = ["--checkpoint", ckpt, "--data", str(data / "test.jsonl"), "--shots", "8", "--out", str(out)]
+    capsys.readouterr()  # the checkpoint's saving bars
+    assert script.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: prompt 0 has") and "context is 256" in err and "--shots (now 8" in err
+    assert len(err.splitlines()) == 1
+    assert not out.exists() and not out.with_suffix(".md").exists()
+    assert script.main([*argv[:-4], "--shots", "1", "--max-new-tokens", "2", "--out", str(out)]) == 0  # fewer fit

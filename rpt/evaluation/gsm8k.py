@@ -223,6 +223,9 @@ class GSM8K(_benchmark_base()):
     def stop(self, args) -> list[str]:
         return list(STOP_SEQUENCES)
 
+    def too_long_fix(self, args) -> str:
+        return f"use fewer --shots (now {args.shots}; each adds a worked example) or a model with a longer context"
+
     def record(self, item_id, completion: str) -> dict:
         return {"idx": item_id, "completion": truncate_at_stop(completion)}
 

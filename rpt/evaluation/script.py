@@ -89,6 +89,10 @@ class Benchmark:
         """The scores of ``results`` (the headline ``metric`` among them), for JSON and tables."""
         raise NotImplementedError
 
+    def too_long_fix(self, args: argparse.Namespace) -> str:
+        """What to do when a prompt fills the model's context (the end of that error line)."""
+        return "shorten it"
+
     def header(self, args: argparse.Namespace) -> dict:
         """Extra top-level JSON keys (data file, shots, ...)."""
         return {}
@@ -216,7 +220,7 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     n_samples = getattr(args, "n_samples", 1)
     generated = sweep.generate_sweep(model, tokenizer, items, settings, base, checkpoint=args.checkpoint, store=store,
                                      n_samples=n_samples, batch_size=args.batch_size,
-                                     desc=f"{benchmark.name} generate")
+                                     desc=f"{benchmark.name} generate", too_long=benchmark.too_long_fix(args))
     if not sweep.is_main_process():
         return 0
     records = {s.name: [benchmark.record(g["id"], g["completion"]) for g in generated[s.name]] for s in settings}

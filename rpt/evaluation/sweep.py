@@ -129,6 +129,7 @@ def open_store(out: str | Path, fresh: bool = False) -> ResultStore:
 def generate_sweep(
     model, tokenizer, items: Sequence[dict], settings: Sequence[Setting], base: SamplingConfig, *,
     checkpoint: str, store: ResultStore, n_samples: int = 1, batch_size: int = 8, desc: str = "generate",
+    too_long: str = "shorten it",
 ) -> dict[str, list[dict]]:
     """Completions of ``items`` (``{"id", "prompt"}``) under every setting.
 
@@ -138,11 +139,12 @@ def generate_sweep(
     already in ``store`` are not generated again. Under ``accelerate launch`` each process
     generates its share of the items and every process gets all records back. Completion (item,
     sample j, setting) draws with :func:`sample_seed` ``(base.seed or 0, item, j, setting)``: it does
-    not depend on ``batch_size``, the process split or a resume.
+    not depend on ``batch_size``, the process split or a resume. A prompt that fills the model's
+    context stops the run before any generation, with ``too_long`` as the fix to try.
     """
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-    encode(tokenizer, list(items), model)  # every prompt fits the context: one clear error, up front
+    encode(tokenizer, list(items), model, fix=too_long)  # every prompt fits the context: one clear error, up front
     mine, gather = split_across_processes(list(items))
     seed = 0 if base.seed is None else base.seed  # an evaluation is reproducible without --seed
     out: dict[str, list[dict]] = {}

@@ -77,7 +77,9 @@ def load_model(checkpoint: str, window: int | None, device: str, dtype: torch.dt
     return model.to(device).eval()
 
 
-def encode(tokenizer, records: list[dict], model) -> list[list[int]]:
+def encode(tokenizer, records: list[dict], model, fix: str = "shorten it") -> list[list[int]]:
+    """Token ids of each record's ``prompt``; ``ValueError`` for an empty one or one that fills the
+    model's context (``fix`` says what to do, e.g. a benchmark's "use fewer --shots")."""
     limit = getattr(model.config, "max_position_embeddings", None)
     out = []
     for rec in records:
@@ -86,6 +88,6 @@ def encode(tokenizer, records: list[dict], model) -> list[list[int]]:
             raise ValueError(f"prompt {rec['id']!r} is empty after tokenization")
         if limit is not None and len(ids) >= limit:
             raise ValueError(f"prompt {rec['id']!r} has {len(ids)} tokens but the model's context is {limit} "
-                             "tokens (max_position_embeddings); shorten it")
+                             f"tokens (max_position_embeddings); {fix}")
         out.append(ids)
     return out

@@ -61,7 +61,8 @@ def _split_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
         if pads[b] == width:
             raise ValueError(f"prompt {b} is empty (attention_mask all zeros)")
         if not bool(mask_h[b, pads[b]:].all()):
-            raise ValueError("prompts must be left-padded: attention_mask must be 0...0 1...1 in every row")
+            raise ValueError("prompts must be left-padded (attention_mask 0...0 1...1 in every row): set "
+                             "tokenizer.padding_side = \"left\" (or pass padding_side=\"left\") before tokenizing")
         rows.append(ids_h[b, pads[b]:].tolist())
     return rows, pads
 
