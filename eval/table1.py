@@ -4,7 +4,9 @@ and the w = 3 rows of App. B.1; best over temperatures 0, 0.05, 0.1; greedy PTP,
     python eval/table1.py --checkpoint runs/demo/rpt/final --out runs/table1
     python eval/table1.py --checkpoint DIR --limit 20 --max-new-tokens 256 --out runs/table1_small
 
-Writes ``OUT/table1.json``, ``OUT/table1.md``, ``OUT/table1.png`` and, per benchmark and window,
+Each cell: the best score over temperatures, its number of problems n and a 95% Wilson interval ("n
+too small" below 10 problems); RPT rows add the relative change against NTP (in points where NTP
+scores 0). Writes ``OUT/table1.json``, ``OUT/table1.md``, ``OUT/table1.png`` and, per benchmark and window,
 the benchmark script's own ``OUT/<benchmark>_w<w>.json`` (+ ``.md``, ``.png``, ``.items.jsonl``).
 Resumable: rerunning the command reuses every generation and execution already stored. A
 checkpoint trained with a window smaller than 3 gets the w = 2 rows only (with a note).

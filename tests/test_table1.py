@@ -1,14 +1,17 @@
 """Table 1 in one command: every benchmark and window runs, the table is assembled from their files,
-a rerun reuses everything, and the relative changes are right on a hand-made example."""
+a rerun reuses everything, the relative changes and the cells' n and 95% Wilson intervals are right on
+hand-made examples (published values and a brute-force inversion of the score test)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
 
-from rpt.evaluation import plus, table1
+from rpt.evaluation import intervals, plus, table1
 from tests.eval_helpers import gsm8k_folder, long_context_checkpoint
 from tests.scripts import load_script
 
@@ -22,26 +25,69 @@ def test_plan_measures_ntp_once():
         ("humaneval_plus", 2, (0, 1, 2)), ("gsm8k", 2, (0, 1, 2)), ("humaneval_plus", 3, (1, 2)), ("gsm8k", 3, (1, 2))]
 
 
-def test_rows_best_of_temperatures_and_relative_change():
-    def summary(metric: str, best: dict[str, tuple[float, float]]) -> dict:
-        return {"best_of_temperatures": {k: {"rpt_iters": int(k), "temperature": t, metric: v}
-                                         for k, (v, t) in best.items()}}
+def summary(metric: str, best: dict[str, tuple[float, float]], n: int) -> dict:
+    """A benchmark run's JSON as far as the table reads it: best over temperatures, and n per setting."""
+    n_key = "n" if metric == "accuracy" else "n_problems"
+    return {"best_of_temperatures": {k: {"rpt_iters": int(k), "temperature": t, metric: v} for k, (v, t) in best.items()},
+            "settings": [{"rpt_iters": int(k), "temperature": t, n_key: n} for k, (_, t) in best.items()]}
 
+
+def test_rows_best_of_temperatures_and_relative_change():
     outputs = {
-        table1.Run("humaneval_plus", 2, (0, 1)): summary("pass@1", {"0": (0.40, 0.0), "1": (0.50, 0.05)}),
-        table1.Run("gsm8k", 2, (0, 1)): summary("accuracy", {"0": (0.0, 0.0), "1": (0.25, 0.1)}),
-        table1.Run("humaneval_plus", 3, (1,)): summary("pass@1", {"1": (0.30, 0.1)}),
+        table1.Run("humaneval_plus", 2, (0, 1)): summary("pass@1", {"0": (0.40, 0.0), "1": (0.50, 0.05)}, 20),
+        table1.Run("gsm8k", 2, (0, 1)): summary("accuracy", {"0": (0.0, 0.0), "1": (0.25, 0.1)}, 4),
+        table1.Run("humaneval_plus", 3, (1,)): summary("pass@1", {"1": (0.30, 0.1)}, 20),
     }
     rows = table1.rows_from(outputs)
     assert [(r["window"], r["rpt_iters"]) for r in rows] == [(None, 0), (2, 1), (3, 1)]
     ntp, w2, w3 = rows
-    assert w2["HumanEval+"] == {"score": 0.5, "temperature": 0.05, "change": pytest.approx(0.1),
-                                "relative_change": pytest.approx(0.25)}
+    assert {k: v for k, v in w2["HumanEval+"].items() if k != "interval"} == {
+        "score": 0.5, "temperature": 0.05, "n": 20, "change": pytest.approx(0.1), "relative_change": pytest.approx(0.25)}
     assert w3["HumanEval+"]["relative_change"] == pytest.approx(-0.25)
     assert w2["GSM8K"]["relative_change"] is None and w2["GSM8K"]["change"] == 0.25  # NTP scored 0
+    assert w2["GSM8K"]["n"] == 4 and w2["GSM8K"]["interval"] is None  # 4 problems: no interval
     headers, body = table1.markdown_rows(rows)
-    assert body[1][3] == "50.0 (+25.0%)" and body[2][3] == "30.0 (-25.0%)" and body[1][5] == "25.0 (+25.0 pt)"
+    # 10/20 and 6/20: Wilson 95% intervals [0.2993, 0.7007] and [0.1455, 0.5190] (by hand:
+    # centre (p + z^2/2n) / (1 + z^2/n), half-width z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/4n^2), z = 1.96)
+    assert body[1][3] == "50.0 [29.9, 70.1], n = 20 (+25.0%)" and body[2][3] == "30.0 [14.5, 51.9], n = 20 (-25.0%)"
+    assert body[1][5] == "25.0, n = 4: n too small (+25.0 pt)" and body[0][5] == "0.0, n = 4: n too small"
     assert "MBPP+" not in w2 and body[0][:3] == ["NTP", "", 0]
+
+
+@pytest.mark.parametrize("successes, n, low, high", [
+    # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (Wilson score, no continuity correction)
+    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0000, 0.1611), (1, 29, 0.0061, 0.1718)])
+def test_wilson_interval_equals_published_values(successes, n, low, high):
+    got = intervals.wilson(successes / n, n)
+    assert got == (pytest.approx(low, abs=5e-5), pytest.approx(high, abs=5e-5))
+
+
+@pytest.mark.parametrize("score, n", [(0.0, 10), (0.3, 17), (0.5, 164), (0.97, 378), (1.0, 40), (0.625, 1319)])
+def test_wilson_interval_is_where_the_score_test_accepts(score, n):
+    """Brute force: the Wilson interval is the set of p with |score - p| <= z sqrt(p (1 - p) / n);
+    its ends found by bisection on that inequality, not by the closed form."""
+    z = NormalDist().inv_cdf(0.975)
+
+    def accepted(p: float) -> bool:
+        return abs(score - p) <= z * math.sqrt(p * (1 - p) / n)
+
+    def edge(inside: float, outside: float) -> float:
+        for _ in range(100):
+            mid = (inside + outside) / 2
+            inside, outside = (mid, outside) if accepted(mid) else (inside, mid)
+        return inside
+
+    centre = min(max(score, 1e-12), 1 - 1e-12)  # the score itself is always accepted (p strictly inside (0, 1))
+    low = 0.0 if accepted(0.0) or score == 0.0 else edge(centre, 0.0)
+    high = 1.0 if accepted(1.0) or score == 1.0 else edge(centre, 1.0)
+    assert intervals.wilson(score, n) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
+
+
+def test_interval_needs_enough_problems():
+    assert intervals.interval_or_none(0.5, intervals.MIN_N - 1) is None
+    assert intervals.interval_or_none(0.5, intervals.MIN_N) == intervals.wilson(0.5, intervals.MIN_N)
+    with pytest.raises(ValueError, match="n >= 1"):
+        intervals.wilson(0.5, 0)
 
 
 @needs_evalplus
@@ -66,6 +112,9 @@ def test_table1_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     he = json.loads((out / "humaneval_plus_w2.json").read_text())
     assert {"pass@1", "base", "plus", "n_problems"} <= set(he) and he["n_problems"] == 1
     assert "| RPT | 3 | 2 |" in (out / "table1.md").read_text()
+    assert all(cell["n"] == 1 and cell["interval"] is None for row in table["rows"] for cell in
+               (row["HumanEval+"], row["MBPP+"], row["GSM8K"]))
+    assert "n = 1: n too small" in (out / "table1.md").read_text()
     assert (out / "table1.png").read_bytes()[:4] == b"\x89PNG"
 
     stores = {p: p.read_bytes() for p in Path(out).glob("*.items.jsonl")}

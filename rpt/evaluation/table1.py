@@ -1,6 +1,8 @@
 """The RPT paper's Table 1 in one command: HumanEval+, MBPP+ and GSM8K for NTP (k = 0) and RPT
 (k = 1, 2) at w = 2, plus the w = 3 rows of App. B.1, each the best over temperatures, with the
-relative change against k = 0; greedy PTP, confidence 0.9 (the sampler's defaults).
+relative change against k = 0 (the change in points where k = 0 scores 0); greedy PTP, confidence 0.9
+(the sampler's defaults). Every cell carries its number of problems ``n`` and a 95% Wilson interval
+(:mod:`rpt.evaluation.intervals`), or "n too small" below ``intervals.MIN_N`` problems.
 
 The work is done by the benchmark scripts' skeleton (:func:`rpt.evaluation.script.run`), one run
 per benchmark and window, each with its own ``--out`` (and so its own resumable store) under the
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpt.evaluation.intervals import LEVEL, MIN_N, interval_or_none
 from rpt.evaluation.report import save_figure, write_json, write_markdown
 
 # (column title, benchmark key, score key in the benchmark's JSON)
@@ -70,15 +73,27 @@ def _data_dir(args) -> list[str]:
     return ["--data-dir", args.evalplus_dir] if args.evalplus_dir else []
 
 
+def problems_of(summary: dict, rpt_iters: int, temperature: float) -> int:
+    """The number of problems behind the setting ``(rpt_iters, temperature)`` of a benchmark run."""
+    for row in summary.get("settings", []):
+        if row["rpt_iters"] == rpt_iters and row["temperature"] == temperature:
+            return int(row.get("n_problems", row.get("n")))
+    return int(summary.get("n_problems", summary.get("n")))
+
+
 def rows_from(outputs: dict[Run, dict]) -> list[dict]:
-    """Table rows ``{window, rpt_iters, <column>: {score, temperature}}`` from the runs' JSON."""
+    """Table rows ``{window, rpt_iters, <column>: {score, temperature, n, interval}}`` from the runs'
+    JSON (``interval``: ``[low, high]``, or None when ``n`` is too small)."""
     cells: dict[tuple[int, int], dict] = {}
     for run, summary in outputs.items():
         title, metric = next((t, m) for t, b, m in COLUMNS if b == run.benchmark)
         for k, best in summary["best_of_temperatures"].items():
             key = (run.window if int(k) > 0 else 0, int(k))
+            n = problems_of(summary, int(k), best["temperature"])
+            interval = interval_or_none(best[metric], n)
             cells.setdefault(key, {"window": key[0] or None, "rpt_iters": int(k)})[title] = {
-                "score": best[metric], "temperature": best["temperature"]}
+                "score": best[metric], "temperature": best["temperature"], "n": n,
+                "interval": list(interval) if interval is not None else None}
     rows = [cells[key] for key in sorted(cells, key=lambda wk: (wk[1] > 0, wk[0], wk[1]))]
     base = next((r for r in rows if r["rpt_iters"] == 0), None)
     for row in rows:
@@ -93,9 +108,16 @@ def rows_from(outputs: dict[Run, dict]) -> list[dict]:
 
 
 def _fmt(cell: dict | None, relative: bool) -> str:
+    """``50.0 [38.2, 61.8], n = 80 (+25.0%)``; ``50.0, n = 2: n too small (-50.0%)``; a change in
+    points where the baseline is 0, so never a relative change of a 0 baseline."""
     if cell is None:
         return ""
     text = f"{100 * cell['score']:.1f}"
+    if cell.get("interval") is not None:
+        low, high = cell["interval"]
+        text += f" [{100 * low:.1f}, {100 * high:.1f}], n = {cell['n']}"
+    elif "n" in cell:
+        text += f", n = {cell['n']}: n too small"
     if relative and "change" in cell:
         rel = cell.get("relative_change")
         text += f" ({'+' if cell['change'] >= 0 else ''}{100 * rel:.1f}%)" if rel is not None else \
@@ -123,10 +145,13 @@ def plot(rows: list[dict], title: str):
     for j, (row, label) in enumerate(zip(rows, labels)):
         xs = [i + (j - (len(rows) - 1) / 2) * width for i in range(len(COLUMNS))]
         ys = [100 * row[t]["score"] if t in row else math.nan for t, _, _ in COLUMNS]
-        bars = ax.bar(xs, ys, width * 0.95, label=label)
+        spans = [row[t].get("interval") if t in row else None for t, _, _ in COLUMNS]
+        errors = [[y - 100 * s[0] if s else 0.0 for y, s in zip(ys, spans)],
+                  [100 * s[1] - y if s else 0.0 for y, s in zip(ys, spans)]]
+        bars = ax.bar(xs, ys, width * 0.95, label=label, yerr=errors, capsize=2, ecolor="0.3")
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
     ax.set_xticks(range(len(COLUMNS)), [t for t, _, _ in COLUMNS])
-    ax.set_ylabel("score (%), best over temperatures")
+    ax.set_ylabel(f"score (%), best over temperatures\n(bars: {LEVEL:.0%} Wilson interval)", fontsize=8)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(axis="y", alpha=0.3)
@@ -141,7 +166,9 @@ def write_outputs(folder: Path, checkpoint: str, rows: list[dict], runs: list[Ru
                        "out": str(r.out(folder))} for r in runs]}
     text = (f"Checkpoint `{checkpoint}`. Each cell: the best over temperatures {notes['temperatures']} "
             f"(HumanEval+ / MBPP+: pass@1 on base + extra tests; GSM8K: accuracy, {notes['shots']}-shot), in %; "
-            "RPT rows: the relative change against NTP (k = 0) in brackets, or the change in points where NTP "
+            f"[low, high]: the {LEVEL:.0%} Wilson interval over the cell's n problems (\"n too small\" below "
+            f"{MIN_N}; it does not account for picking the best temperature, which favours the higher score). "
+            "RPT rows: the relative change against NTP (k = 0) in round brackets, or the change in points where NTP "
             f"scores 0. Greedy PTP, confidence {notes['confidence']}. Problems per benchmark: "
             f"{notes['limit'] or 'all'}.")
     return [
