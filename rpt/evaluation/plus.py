@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from rpt.evaluation import _wire
+from rpt.evaluation import _wire, samples
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.sandbox import Execution, Job, Limits, exit_reason, run_jobs
 
@@ -286,14 +286,15 @@ class Judge:
         return bool(exact)
 
 
-def build_job(dataset: str, task: dict, oracle: Oracle, completion: str) -> Job:
-    """``prompt + completion`` called on every base, then plus input, under EvalPlus's limits."""
+def build_job(dataset: str, task: dict, oracle: Oracle, code: str) -> Job:
+    """The program ``code`` (:func:`rpt.evaluation.samples.program`) called on every base, then plus
+    input, under EvalPlus's limits."""
     base_limits, plus_limits = oracle.time_limits("base"), oracle.time_limits("plus")
     inputs = oracle.inputs(task, "base") + oracle.inputs(task, "plus")
     if len(inputs) != len(base_limits) + len(plus_limits):
         raise ValueError(f"{task['task_id']}: {len(inputs)} inputs but {len(base_limits) + len(plus_limits)} expected "
                          "outputs: the cached expected outputs do not belong to this data")
-    return Job(task["prompt"] + completion, mode="calls", entry_point=task["entry_point"],
+    return Job(code, mode="calls", entry_point=task["entry_point"],
                inputs=[_wire.to_json(x) for x in inputs],
                time_limits=base_limits + plus_limits,
                total_limit=min(SPLIT_TIME_LIMIT, sum(base_limits)) + min(SPLIT_TIME_LIMIT, sum(plus_limits)),
@@ -366,7 +367,8 @@ def score(dataset: str, records: Sequence[dict], tasks: dict[str, dict], oracles
           limits: Limits | None = None, workers: int | None = None,
           cached: Callable[[dict], dict | None] | None = None,
           on_done: Callable[[dict, dict], None] | None = None) -> list[dict]:
-    """Score ``{task_id, completion}`` records in input order: ``task_id``, ``completion``,
+    """Score ``{task_id, completion[, solution]}`` records (the program: ``solution``, else
+    ``prompt + completion``) in input order: ``task_id``, ``completion``, ``solution`` where given,
     ``base_passed``, ``plus_passed``, ``passed`` (= plus), ``result``, ``base_result``.
     ``cached`` / ``on_done`` as in :func:`rpt.evaluation.humaneval.score_completions`."""
     results: list[dict | None] = [cached(r) if cached else None for r in records]
@@ -376,13 +378,14 @@ def score(dataset: str, records: Sequence[dict], tasks: dict[str, dict], oracles
     def finished(j: int, execution: Execution) -> None:
         record = records[todo[j]]
         outcome = verdicts[j].outcome(execution)
-        result = {"task_id": record["task_id"], "completion": record["completion"], "passed": outcome["plus_passed"],
-                  **outcome}
+        solution = {"solution": record["solution"]} if record.get("solution") is not None else {}
+        result = {"task_id": record["task_id"], "completion": record["completion"], **solution,
+                  "passed": outcome["plus_passed"], **outcome}
         results[todo[j]] = result
         if on_done is not None:
             on_done(record, result)
 
-    jobs = [build_job(dataset, tasks[records[i]["task_id"]], oracles[records[i]["task_id"]], records[i]["completion"])
-            for i in todo]
+    jobs = [build_job(dataset, tasks[records[i]["task_id"]], oracles[records[i]["task_id"]],
+                      samples.program(tasks[records[i]["task_id"]]["prompt"], records[i])) for i in todo]
     run_jobs(jobs, limits=limits, workers=workers, on_done=finished, watch=lambda j: verdicts[j])
     return [r for r in results if r is not None]

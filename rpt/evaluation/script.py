@@ -89,6 +89,11 @@ class Benchmark:
         """The scores of ``results`` (the headline ``metric`` among them), for JSON and tables."""
         raise NotImplementedError
 
+    def sample_files(self, args: argparse.Namespace, records: dict[str | None, list[dict]]) -> list[Path]:
+        """Files of the scored records in another tool's format (per setting name; None: the given
+        completions), written atomically; the paths written."""
+        return []
+
     def too_long_fix(self, args: argparse.Namespace) -> str:
         """What to do when a prompt fills the model's context (the end of that error line)."""
         return "shorten it"
@@ -182,6 +187,7 @@ def _run_given(benchmark: Benchmark, args: argparse.Namespace, problems) -> int:
         write_markdown(sibling(args.out, ".md"), f"{benchmark.title} ({args.completions})", tables),
         bar_plot(sibling(args.out, ".png"), [k for k, _ in headline], [v for _, v in headline], benchmark.title,
                  "score"),
+        *benchmark.sample_files(args, {None: records}),
     ]
     print(_summary_line(summary))
     print("wrote " + ", ".join(str(p) for p in paths))
@@ -259,6 +265,7 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
                        [table, sweep.best_table(summary["best_of_temperatures"], benchmark.metric)], notes),
         save_figure(sweep.plot_sweep(rows, benchmark.metric, f"{benchmark.title} {benchmark.metric}: {len(items)} problems"),
                     sibling(args.out, ".png")),
+        *benchmark.sample_files(args, records),
     ]
     for row in rows:
         print(f"{row['name']}: {_scores(row)} ({row['tokens_per_s']:.1f} tokens/s, {row['corrections']} corrections)")
