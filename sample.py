@@ -14,6 +14,8 @@ processes and the main process writes the merged output. Bad input is one ``erro
 exit status 2. Every sampling knob is a flag (``--help``). With ``--seed S`` prompt i's random draws
 are keyed by a hash of ``(S, i)`` (the same text whatever the batch size or process count; seeds S and
 S + 1 share no draws); ``--compile`` compiles the decode steps (``torch.compile``, fixed shapes).
+``--chat`` applies the tokenizer's chat template to each prompt (one user turn, with the generation
+prompt) for instruction-tuned models; a tokenizer without one is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import time
 
 import torch
 
-from rpt.sampling import randomness
+from rpt.sampling import chat, randomness
+from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import (
     check_checkpoint,
@@ -54,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="use the slow cache-free reference sampler (the test oracle)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the decoder's model step (fixed shapes; compiles once per query-block size)")
+    add_chat_arg(ap, CHAT_HELP + " (each prompt is one user turn; the output keeps the prompt as given)")
     add_sampling_args(ap)
     return ap
 
@@ -84,7 +88,7 @@ def read_prompts(path: str) -> list[dict]:
 def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool, seeds: list[int] | None = None):
     from rpt.sampling import generate_reference
 
-    streamer = TextStream(tokenizer, config.stop, prompt_text=records[0]["prompt"]) if stream else None
+    streamer = TextStream(tokenizer, config.stop, prompt_text=records[0]["fed"]) if stream else None
     done = complete(model, tokenizer, prompt_ids, config, batch_size=args.batch_size, streamer=streamer,
                     decode=generate_reference if args.reference else None, compile=args.compile, row_seeds=seeds)
     results = [{"id": rec["id"], "prompt": rec["prompt"], "completion": c.text, "finish_reason": c.finish_reason,
@@ -121,11 +125,15 @@ def _main(args: argparse.Namespace) -> int:
     records = read_prompts(args.prompts) if args.prompts else [{"id": 0, "prompt": args.prompt}]
     sampling_config_from_args(args)  # flag errors first, before loading anything
     tokenizer = load_tokenizer(args.checkpoint)
+    if args.chat:
+        chat.require_chat_template(tokenizer, args.checkpoint)
+    for rec in records:  # the text the model continues
+        rec["fed"] = chat.user_prompt(tokenizer, rec["prompt"]) if args.chat else rec["prompt"]
     config = sampling_config_from_args(args, tokenizer)
     window = rpt_window_of(args.checkpoint)
     check_checkpoint(window, config, args.checkpoint)
     model = load_model(args.checkpoint, window, device, dtype)
-    prompt_ids = encode(tokenizer, records, model)
+    prompt_ids = encode(tokenizer, [{"id": r["id"], "prompt": r["fed"]} for r in records], model)
 
     stream = len(records) == 1 and state.num_processes == 1
     start = time.perf_counter()

@@ -27,6 +27,7 @@ from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
+from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.loading import rpt_window_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_MODES)
     parser.add_argument("--fresh", action="store_true", help="forget stored generations and executions")
+    add_chat_arg(parser, CHAT_HELP + " (each benchmark's chat prompt: see eval/humaneval.py and eval/gsm8k.py --help)")
     return parser
 
 
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         outputs[job] = json.loads(job.out(folder).read_text())
     rows = table1.rows_from(outputs)
     notes = {"temperatures": args.temperatures, "confidence": args.confidence, "shots": args.shots,
-             "limit": args.limit, "skipped_windows": skipped}
+             "limit": args.limit, "chat": args.chat, "skipped_windows": skipped}
     paths = table1.write_outputs(folder, args.checkpoint, rows, runs, notes)
     print(paths[1].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths))

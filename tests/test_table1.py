@@ -122,3 +122,11 @@ def test_table1_runs_end_to_end_and_resumes(tmp_path, monkeypatch):
     assert script.main(argv) == 0  # resumed: nothing generated or executed again
     assert {p: p.read_bytes() for p in Path(out).glob("*.items.jsonl")} == stores
     assert json.loads((out / "table1.json").read_text())["rows"] == table["rows"]
+
+
+def test_chat_reaches_every_benchmark_run():
+    args = load_script("eval/table1.py").build_parser().parse_args(["--checkpoint", "ckpt", "--chat"])
+    for run in table1.plan([2], [0, 1], [b for _, b, _ in table1.COLUMNS]):
+        assert "--chat" in table1.argv_for(run, args)
+    args.chat = False
+    assert "--chat" not in table1.argv_for(table1.Run("gsm8k", 2, (0,)), args)

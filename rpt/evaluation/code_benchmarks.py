@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rpt.evaluation import chat_prompts, plus, samples
 from rpt.evaluation import humaneval as he
-from rpt.evaluation import plus, samples
 from rpt.evaluation.jsonl import first_groups
 from rpt.evaluation.report import ResultStore
 from rpt.evaluation.sandbox import ISOLATION_MODES, Limits, isolation
@@ -42,6 +42,9 @@ class CodeBenchmark(Benchmark):
     given = "canonical"
     id_field = "task_id"
     splits: tuple[str, ...] = ()  # ("base", "plus") for EvalPlus benchmarks
+    chat_prompt = ("Code tasks follow EvalPlus's chat convention: an instruction and the task in a code block, the "
+                   "reply started with a ```python fence; the program is the reply's code (evalplus.sanitize), run "
+                   "without the task's prompt and kept as 'solution' in the samples file")
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         add_execution_args(parser)
@@ -76,7 +79,15 @@ class CodeBenchmark(Benchmark):
         return records
 
     def items(self, args: argparse.Namespace, problems: dict[str, dict]) -> list[dict]:
-        return [{"id": tid, "prompt": self.prompt(problems[tid])} for tid in list(problems)[: args.limit]]
+        """``{"id", "prompt"}``; under ``--chat`` ``{"id", "messages", "reply_prefix"}`` (EvalPlus's
+        instruction prompt, :mod:`rpt.evaluation.chat_prompts`), whose replies :meth:`record` reads."""
+        task_ids = list(problems)[: args.limit]
+        self.chat = getattr(args, "chat", False)
+        self.entry_points = {tid: problems[tid]["entry_point"] for tid in task_ids}
+        if self.chat:
+            return [dict(zip(("messages", "reply_prefix"), chat_prompts.code_turns(problems[tid]["prompt"])), id=tid)
+                    for tid in task_ids]
+        return [{"id": tid, "prompt": self.prompt(problems[tid])} for tid in task_ids]
 
     def prompt(self, problem: dict) -> str:
         return problem["prompt"]
@@ -88,9 +99,13 @@ class CodeBenchmark(Benchmark):
         raise NotImplementedError
 
     def stop(self, args: argparse.Namespace) -> list[str]:
-        return list(self.stop_sequences())
+        return list(chat_prompts.CODE_STOP if getattr(args, "chat", False) else self.stop_sequences())
 
     def record(self, item_id, completion: str) -> dict:
+        if getattr(self, "chat", False):  # a chat reply: the program is its code, run without the prompt
+            reply = he.truncate_completion(completion, chat_prompts.CODE_STOP)
+            return {"task_id": item_id, "completion": reply,
+                    "solution": chat_prompts.solution_from_reply(reply, self.entry_points[item_id])}
         return {"task_id": item_id, "completion": self.truncate(completion)}
 
     def item_key(self, record: dict, limits: Limits) -> str:

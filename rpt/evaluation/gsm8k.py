@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from rpt.evaluation import jsonl
+from rpt.evaluation import chat_prompts, jsonl
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.sampling import stopping
 
@@ -180,6 +180,8 @@ class GSM8K(_benchmark_base()):
     id_field = "idx"
     metric = "accuracy"
     given = "gold"
+    chat_prompt = ("The shots become earlier turns (user 'Question: ...\\nAnswer:', assistant the worked answer), "
+                   "as lm-eval's --fewshot_as_multiturn")
 
     def __init__(self, description: str = "") -> None:
         self.description = description
@@ -205,18 +207,29 @@ class GSM8K(_benchmark_base()):
             records = read_completions(args.completions, len(problems))
         return jsonl.first_groups(records, "idx", args.limit)
 
-    def prefix(self, args) -> str:
-        """The fixed ``--shots``-shot prefix from the train split."""
+    def shots(self, args) -> list[dict]:
+        """The first ``--shots`` problems of the train split (``fewshot_prefix``'s, always the same ones)."""
         if args.shots == 0:
-            return ""
+            return []
         train_data = args.train_data
         if train_data is None and args.data is not None:
             beside = Path(args.data).with_name("train.jsonl")
             if beside.is_file() and beside.resolve() != Path(args.data).resolve():
                 train_data = str(beside)
-        return fewshot_prefix(load_gsm8k(train_data, "train"), args.shots)
+        train = load_gsm8k(train_data, "train")
+        fewshot_prefix(train, args.shots)  # too few train problems: its one clear error
+        return train[: args.shots]
+
+    def prefix(self, args) -> str:
+        """The fixed ``--shots``-shot prefix from the train split."""
+        return fewshot_prefix(self.shots(args), args.shots)
 
     def items(self, args, problems: list[dict]) -> list[dict]:
+        """``{"id", "prompt"}``; under ``--chat`` ``{"id", "messages"}``: the shots as earlier turns."""
+        if getattr(args, "chat", False):
+            turns = [(format_example(p["question"]), chain_of_thought(p["answer"])) for p in self.shots(args)]
+            return [{"id": i, "messages": chat_prompts.gsm8k_turns(turns, format_example(p["question"]))}
+                    for i, p in enumerate(problems[: args.limit])]
         prefix = self.prefix(args)
         return [{"id": i, "prompt": build_prompt(prefix, p["question"])} for i, p in enumerate(problems[: args.limit])]
 

@@ -32,8 +32,10 @@ from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.evaluation.sandbox import IsolationUnavailable
+from rpt.sampling import chat
+from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
-from rpt.sampling.loading import check_checkpoint
+from rpt.sampling.loading import check_checkpoint, load_tokenizer
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -54,6 +56,7 @@ class Benchmark:
     metric = "pass@1"
     given = "canonical"
     token_healing = False
+    chat_prompt = ""  # what --chat asks (for --help)
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         """The benchmark's own flags."""
@@ -121,6 +124,7 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     group.add_argument("--dtype", default="float32", choices=DTYPES)
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    add_chat_arg(group, f"{CHAT_HELP}. {benchmark.chat_prompt}")
     benchmark.add_args(parser)
     sweep.add_sweep_args(parser)
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
@@ -149,6 +153,9 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_source_args(parser, args)
     try:
+        if args.chat and args.completions is not None:
+            raise EvalInputError("--chat builds the prompts of generation (--checkpoint); --completions are scored as "
+                                 "given (whole programs as {task_id, solution} lines): drop --chat")
         problem = out_problem(args.out)
         if problem is not None:  # before any work: a bad --out would otherwise fail only at the end
             raise EvalInputError(problem)
@@ -216,10 +223,15 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     stop = [*benchmark.stop(args), *(args.stop or [])]
     sampling_config_from_args(args, stop=stop, rpt_iters=0, temperature=0.0)  # bad flags first, before loading
     items = benchmark.items(args, problems)
-    store = sweep.open_store(args.out, fresh=args.fresh)
     if not Path(args.checkpoint).expanduser().exists():
         raise EvalInputError(f"checkpoint {args.checkpoint} does not exist")
+    if args.chat:  # before the model loads and anything is written
+        chat.require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint)
+    store = sweep.open_store(args.out, fresh=args.fresh)
     model, tokenizer, window = load_checkpoint(args.checkpoint, sweep.process_device(args.device), args.dtype)
+    if args.chat:
+        items = [{"id": it["id"], "prompt": chat.render(tokenizer, it["messages"], it.get("reply_prefix", ""))}
+                 for it in items]
     base = sampling_config_from_args(args, tokenizer, stop=stop, rpt_iters=0, temperature=0.0)
     for setting in settings:
         check_checkpoint(window, setting.config(base), args.checkpoint)
@@ -244,7 +256,8 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     headline = {k: v for k, v in first.items() if k not in ("name", "rpt_iters", "temperature", "results")
                 and k not in sweep.decoding_stats(generated[settings[0].name])}
     summary = {
-        "benchmark": benchmark.name, "checkpoint": args.checkpoint, **benchmark.header(args), "sampling": config,
+        "benchmark": benchmark.name, "checkpoint": args.checkpoint, "chat": args.chat, **benchmark.header(args),
+        "sampling": config,
         "samples_per_task": n_samples, "first_setting": settings[0].name, **headline,
         "best_of_temperatures": sweep.best_of_temperatures(rows, benchmark.metric),
         "settings": rows, "results": first["results"],
@@ -256,7 +269,8 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     if extra:  # base / plus pass@1 beside the headline
         table = ([*table[0][:2], *[f"{k} pass@1" for k in extra], *table[0][2:]],
                  [[*line[:2], *[row[k].get("pass@1", "") for k in extra], *line[2:]] for line, row in zip(table[1], rows)])
-    notes = (f"Checkpoint `{args.checkpoint}`: {len(items)} problems, {n_samples} sample(s) per problem, at most "
+    notes = (f"Checkpoint `{args.checkpoint}`{' (chat template)' if args.chat else ''}: {len(items)} problems, "
+             f"{n_samples} sample(s) per problem, at most "
              f"{config['max_new_tokens']} new tokens, token healing {'on' if config['token_healing'] else 'off'}. "
              "tokens/s: decoding throughput per process.")
     paths = [
