@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from rpt.entry_defaults import SAMPLE, explain_defaults
 from rpt.sampling import chat, randomness
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
@@ -38,6 +39,7 @@ from rpt.sampling.loading import (
     load_tokenizer,
     rpt_window_of,
 )
+from rpt.sampling.precision import DTYPE_CHOICES, resolve_dtype
 from rpt.sampling.streaming import TextStream
 from rpt.sampling.texts import complete
 
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output", metavar="FILE.jsonl", help="write the completions here (JSON Lines)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    ap.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                     help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--reference", action="store_true",
                     help="use the slow cache-free reference sampler (the test oracle)")
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch.compile the decoder's model step (fixed shapes; compiles once per query-block size)")
     add_chat_arg(ap, CHAT_HELP + " (each prompt is one user turn; the output keeps the prompt as given)")
     add_sampling_args(ap)
-    return ap
+    return explain_defaults(ap, SAMPLE)
 
 
 def read_prompts(path: str) -> list[dict]:
@@ -118,10 +120,7 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError("--compile compiles the fast decoder's model step; the --reference sampler has none: drop one")
     device = args.device or (str(state.device) if state.num_processes > 1 else
                              "cuda" if torch.cuda.is_available() else "cpu")
-    if args.dtype == "auto":
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    else:
-        dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(args.dtype, device)
     records = read_prompts(args.prompts) if args.prompts else [{"id": 0, "prompt": args.prompt}]
     sampling_config_from_args(args)  # flag errors first, before loading anything
     tokenizer = load_tokenizer(args.checkpoint)

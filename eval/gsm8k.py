@@ -6,10 +6,13 @@
     python eval/gsm8k.py --completions gold --data ../shared/data/gsm8k/test.jsonl
     python eval/gsm8k.py --completions answers.jsonl --data test.jsonl --out runs/eval/gsm8k.json
 
-Without ``--data`` the split comes from the hub (``openai/gsm8k``, needs network or a warm cache).
+Without ``--data`` the split comes from the local copy (``$RPT_GSM8K_DIR``, else
+``../shared/data/gsm8k`` beside the repository, as ``eval/table1.py`` and the lm-eval task read it),
+and only where there is none from the hub (``openai/gsm8k``, needs network or a warm cache;
+``--data hub`` asks for it).
 
 ``--checkpoint``: every problem gets the same ``--shots``-shot prompt (the first train problems,
-from ``--train-data``, else ``train.jsonl`` beside ``--data``, else the hub's train split) and,
+from ``--train-data``, else ``train.jsonl`` beside the test file, else the hub's train split) and,
 for every setting of the sweep (``--rpt-iters`` x ``--temperatures``), one answer that stops at
 the next ``Question:``. Every flag of ``sample.py`` applies. ``F.json``: per setting
 (``settings``) accuracy, decoding stats and ``results``; ``best_of_temperatures`` (per

@@ -16,21 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
+from rpt.entry_defaults import TABLE1, explain_defaults
 from rpt.evaluation import table1
 from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
+from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import rpt_window_of
 
-ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = {"humaneval_plus": HumanEval, "mbpp_plus": MBPPPlus, "gsm8k": GSM8K}
 
 
@@ -44,20 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--confidence", type=float, default=0.9, help="eta of greedy PTP (paper: 0.9)")
     parser.add_argument("--benchmarks", nargs="+", default=list(BENCHMARKS), choices=list(BENCHMARKS))
     parser.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the sampler's")
-    parser.add_argument("--gsm8k-data", default=os.environ.get("RPT_GSM8K_DIR", str(ROOT.parent / "shared/data/gsm8k"))
-                        + "/test.jsonl", help="GSM8K test JSONL (train.jsonl beside it gives the shots)")
+    parser.add_argument("--max-new-tokens", type=int, default=SamplingConfig().max_new_tokens,
+                        help="maximum new tokens per answer (default: %(default)s, the sampler's)")
+    parser.add_argument("--gsm8k-data", default=None,
+                        help="GSM8K test JSONL (train.jsonl beside it gives the shots); default: as eval/gsm8k.py's "
+                             "--data, the local copy ($RPT_GSM8K_DIR, else ../shared/data/gsm8k), else the hub")
     parser.add_argument("--shots", type=int, default=8, help="GSM8K few-shot examples")
     parser.add_argument("--evalplus-dir", default=None, help="EvalPlus data folder (default: $RPT_EVALPLUS_DIR, "
                                                               "else ../shared/data/evalplus)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_MODES)
     parser.add_argument("--fresh", action="store_true", help="forget stored generations and executions")
     add_chat_arg(parser, CHAT_HELP + " (each benchmark's chat prompt: see eval/humaneval.py and eval/gsm8k.py --help)")
-    return parser
+    return explain_defaults(parser, TABLE1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,8 @@ def test_code_prompt_is_evalplus_make_raw_chat_prompt():
 
 def test_gsm8k_chat_turns_are_the_shots_then_the_question(tmp_path):
     data = gsm8k_folder(tmp_path, n_train=3, n_test=2)
-    args = argparse.Namespace(chat=True, shots=2, train_data=None, data=str(data / "test.jsonl"), limit=None)
+    args = argparse.Namespace(chat=True, shots=2, train_data=None, data=str(data / "test.jsonl"), split="test",
+                              limit=None)
     bench = gsm8k.GSM8K()
     items = bench.items(args, gsm8k.load_gsm8k(data / "test.jsonl"))
     train = gsm8k.load_gsm8k(data / "train.jsonl")

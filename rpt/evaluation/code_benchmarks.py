@@ -159,6 +159,7 @@ class HumanEval(CodeBenchmark):
     """HumanEval (``--plus``: HumanEval+)."""
 
     title = "HumanEval"
+    script = "eval/humaneval.py"
     default_out = "runs/eval/humaneval.json"
     token_healing = True  # HumanEval prompts end mid-line: heal the boundary
 
@@ -207,6 +208,7 @@ class MBPPPlus(CodeBenchmark):
 
     name = "mbpp+"
     title = "MBPP+"
+    script = "eval/mbpp.py"
     default_out = "runs/eval/mbpp.json"
     splits = ("base", "plus")
 

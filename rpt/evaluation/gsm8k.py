@@ -15,6 +15,7 @@ dropping ``$``, thousands separators, trailing zeros (``.0``/``.00``) and units.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
@@ -25,6 +26,7 @@ from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.sampling import stopping
 
 HUB_DATASET = ("openai/gsm8k", "main")
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SHOTS = 8
 ANSWER_PHRASE = "The answer is"
 # lm-eval-harness's stop set for GSM8K: the next few-shot question or an end-of-text marker.
@@ -36,6 +38,25 @@ _MARKED = re.compile(r"(?:####|the\s+(?:final\s+)?answer\s+is)[:\s]*[^\d\n-]{0,4
                      re.IGNORECASE)
 _ANY_NUMBER = re.compile(_NUMBER)
 _CALCULATOR = re.compile(r"<<[^>]*>>")
+
+
+def local_copy(split: str = "test") -> Path | None:
+    """``<split>.jsonl`` of the local GSM8K copy (``$RPT_GSM8K_DIR``, else ``../shared/data/gsm8k``
+    beside the repository), or None where there is none."""
+    folder = Path(os.environ.get("RPT_GSM8K_DIR") or ROOT.parent / "shared" / "data" / "gsm8k")
+    path = folder / f"{split}.jsonl"
+    return path if path.is_file() else None
+
+
+def data_source(data: str | None, split: str = "test") -> str | None:
+    """Where the ``--data`` flag's problems come from: the file given, else the local copy of
+    ``split``, else None (the hub); ``--data hub`` asks for the hub."""
+    if data == "hub":
+        return None
+    if data is not None:
+        return data
+    local = local_copy(split)
+    return None if local is None else str(local)
 
 
 def load_gsm8k(data: str | Path | None = None, split: str = "test") -> list[dict]:
@@ -176,6 +197,7 @@ class GSM8K(_benchmark_base()):
 
     name = "gsm8k"
     title = "GSM8K"
+    script = "eval/gsm8k.py"
     default_out = "runs/eval/gsm8k.json"
     id_field = "idx"
     metric = "accuracy"
@@ -187,18 +209,21 @@ class GSM8K(_benchmark_base()):
         self.description = description
 
     def add_args(self, parser) -> None:
-        parser.add_argument("--data", default=None, help="local JSONL of {question, answer}; default: the hub")
-        parser.add_argument("--split", default="test", help="hub split when --data is not given")
+        parser.add_argument("--data", default=None,
+                            help="JSONL of {question, answer}; default: the local copy's <split>.jsonl ($RPT_GSM8K_DIR, "
+                                 "else ../shared/data/gsm8k), else the hub (openai/gsm8k); 'hub' asks for the hub")
+        parser.add_argument("--split", default="test", help="split of the local copy or the hub when --data is not a file")
         parser.add_argument("--shots", type=int, default=DEFAULT_SHOTS, help="few-shot examples in the prompt")
         parser.add_argument("--train-data", default=None,
-                            help="local JSONL the shots come from (default: train.jsonl beside --data, else the hub)")
+                            help="JSONL the shots come from (default: train.jsonl beside the --data file, else the local "
+                                 "copy's, else the hub's train split)")
 
     def check_args(self, parser, args) -> None:
         if args.shots < 0:
             parser.error("--shots must be >= 0")
 
     def load(self, args) -> list[dict]:
-        return load_gsm8k(args.data, args.split)
+        return load_gsm8k(data_source(args.data, args.split), args.split)
 
     def given_records(self, args, problems: list[dict]) -> list[dict]:
         if args.completions == "gold":
@@ -211,11 +236,13 @@ class GSM8K(_benchmark_base()):
         """The first ``--shots`` problems of the train split (``fewshot_prefix``'s, always the same ones)."""
         if args.shots == 0:
             return []
-        train_data = args.train_data
-        if train_data is None and args.data is not None:
-            beside = Path(args.data).with_name("train.jsonl")
-            if beside.is_file() and beside.resolve() != Path(args.data).resolve():
+        train_data, data = args.train_data, data_source(args.data, args.split)
+        if train_data is None and data is not None:
+            beside = Path(data).with_name("train.jsonl")
+            if beside.is_file() and beside.resolve() != Path(data).resolve():
                 train_data = str(beside)
+        if train_data is None and args.data != "hub":
+            train_data = data_source(None, "train")
         train = load_gsm8k(train_data, "train")
         fewshot_prefix(train, args.shots)  # too few train problems: its one clear error
         return train[: args.shots]
@@ -253,7 +280,7 @@ class GSM8K(_benchmark_base()):
         return {"n": n, "accuracy": sum(r["correct"] for r in results) / n if n else 0.0}
 
     def header(self, args) -> dict:
-        data = args.data or f"hub:{'/'.join(HUB_DATASET)}:{args.split}"
+        data = data_source(args.data, args.split) or f"hub:{'/'.join(HUB_DATASET)}:{args.split}"
         return {"data": data} if args.completions is not None else {"data": data, "shots": args.shots}
 
     def failures(self, results: list[dict]) -> tuple[list[str], list[list]]:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from rpt.entry_defaults import explain_defaults
 from rpt.evaluation import sweep
 from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
@@ -36,8 +37,9 @@ from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
+from rpt.sampling.precision import DTYPE_CHOICES
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = DTYPE_CHOICES
 
 
 class Benchmark:
@@ -57,6 +59,7 @@ class Benchmark:
     given = "canonical"
     token_healing = False
     chat_prompt = ""  # what --chat asks (for --help)
+    script: str | None = None  # the entry point's path, e.g. "eval/gsm8k.py" (rpt.entry_defaults)
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         """The benchmark's own flags."""
@@ -122,14 +125,15 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     group = parser.add_argument_group("model")
     group.add_argument("--checkpoint", default=None, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    group.add_argument("--dtype", default="float32", choices=DTYPES)
+    group.add_argument("--dtype", default="float32", choices=DTYPES,
+                       help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     add_chat_arg(group, f"{CHAT_HELP}. {benchmark.chat_prompt}")
     benchmark.add_args(parser)
     sweep.add_sweep_args(parser)
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
     parser.set_defaults(token_healing=benchmark.token_healing)
-    return parser
+    return explain_defaults(parser, benchmark.script) if benchmark.script else parser
 
 
 def out_problem(out: str | Path) -> str | None:

@@ -68,7 +68,7 @@ def argv_for(run: Run, args: argparse.Namespace) -> list[str]:
         return ["--plus", *common, "--isolation", args.isolation, *_data_dir(args)]
     if run.benchmark == "mbpp_plus":
         return [*common, "--isolation", args.isolation, *_data_dir(args)]
-    return [*common, "--data", args.gsm8k_data, "--shots", str(args.shots)]
+    return [*common, *(["--data", args.gsm8k_data] if args.gsm8k_data else []), "--shots", str(args.shots)]
 
 
 def _data_dir(args) -> list[str]:
