@@ -27,9 +27,9 @@ from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
-from rpt.sampling.chat import CHAT_HELP, add_chat_arg
+from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.loading import rpt_window_of
+from rpt.sampling.loading import load_tokenizer, rpt_window_of
 
 BENCHMARKS = {"humaneval_plus": HumanEval, "mbpp_plus": MBPPPlus, "gsm8k": GSM8K}
 
@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.checkpoint).is_dir():
         print(f"error: checkpoint {args.checkpoint} does not exist", file=sys.stderr)
         return 2
+    if args.chat:  # before the first run: one line, nothing written
+        try:
+            require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     trained = rpt_window_of(args.checkpoint) or 0
     windows = [w for w in args.windows if w <= trained or set(args.rpt_iters) <= {0}]
     skipped = sorted(set(args.windows) - set(windows))
@@ -85,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[table1] {step}/{len(runs)}: {job.benchmark}, w = {job.window}, k = {list(job.iters)}", flush=True)
         status = run(BENCHMARKS[job.benchmark](), argv_run)
         if status != 0:
-            print(f"error: the {job.benchmark} run (w = {job.window}) failed; fix it and rerun: finished work is kept",
-                  file=sys.stderr)
+            # the run printed its own error line: this one only says where the table stands
+            print(f"note: stopped at the {job.benchmark} run (w = {job.window}); fix it and rerun: finished work is "
+                  "kept", file=sys.stderr)
             return status
         outputs[job] = json.loads(job.out(folder).read_text())
     rows = table1.rows_from(outputs)

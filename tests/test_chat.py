@@ -142,3 +142,23 @@ def test_gsm8k_runs_under_chat(ckpts, tmp_path):
     assert load_script("eval/gsm8k.py").main(argv) == 0
     summary = json.loads(out.read_text())
     assert summary["chat"] is True and summary["n"] == 2
+
+
+def test_table1_chat_without_a_template_is_one_line_before_any_run(ckpts, tmp_path, capsys):
+    out = tmp_path / "t1"
+    assert load_script("eval/table1.py").main(["--checkpoint", ckpts["base"], "--chat", "--out", str(out)]) == 2
+    assert "--chat needs a chat template" in one_error_line(capsys) and not out.exists()
+
+
+def test_sample_chat_batch_equals_each_prompt_alone(ckpts, tmp_path, capsys):
+    """Chat prompts of different lengths in one batch give each prompt's text alone (left padding)."""
+    prompts = tmp_path / "p.jsonl"
+    texts = ["def add(a, b):", "x", "class Point:\n    def __init__(self):"]
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    common = ["--checkpoint", ckpts["chat"], "--chat", "--max-new-tokens", "6", "--temperature", "0"]
+    assert load_script("sample.py").main([*common, "--prompts", str(prompts), "--batch-size", "3"]) == 0
+    batched = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in batched] == texts  # the output keeps the prompt as given
+    for text, row in zip(texts, batched):
+        assert load_script("sample.py").main([*common, "--prompt", text]) == 0
+        assert capsys.readouterr().out == row["completion"] + "\n"  # the streamed text, then a newline

@@ -130,3 +130,11 @@ def test_chat_reaches_every_benchmark_run():
         assert "--chat" in table1.argv_for(run, args)
     args.chat = False
     assert "--chat" not in table1.argv_for(table1.Run("gsm8k", 2, (0,)), args)
+
+
+def test_a_run_whose_json_has_no_n_gives_no_interval():
+    outputs = {table1.Run("gsm8k", 2, (0,)): {"best_of_temperatures": {"0": {"rpt_iters": 0, "temperature": 0.0,
+                                                                           "accuracy": 0.5}}}}
+    cell = table1.rows_from(outputs)[0]["GSM8K"]
+    assert cell["n"] is None and cell["interval"] is None
+    assert table1.markdown_rows(table1.rows_from(outputs))[1][0][5] == "50.0, n unknown"

@@ -76,7 +76,8 @@ class Benchmark:
         raise NotImplementedError
 
     def items(self, args: argparse.Namespace, problems) -> list[dict]:
-        """``--checkpoint``: ``{"id", "prompt"}`` per problem to generate for (``--limit`` applied)."""
+        """``--checkpoint``: ``{"id", "prompt"}`` per problem to generate for (``--limit`` applied); under
+        ``--chat`` ``{"id", "messages"[, "reply_prefix"]}``, rendered with the tokenizer's chat template."""
         raise NotImplementedError
 
     def stop(self, args: argparse.Namespace) -> list[str]:

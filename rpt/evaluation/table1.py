@@ -75,12 +75,16 @@ def _data_dir(args) -> list[str]:
     return ["--data-dir", args.evalplus_dir] if args.evalplus_dir else []
 
 
-def problems_of(summary: dict, rpt_iters: int, temperature: float) -> int:
-    """The number of problems behind the setting ``(rpt_iters, temperature)`` of a benchmark run."""
-    for row in summary.get("settings", []):
-        if row["rpt_iters"] == rpt_iters and row["temperature"] == temperature:
-            return int(row.get("n_problems", row.get("n")))
-    return int(summary.get("n_problems", summary.get("n")))
+def problems_of(summary: dict, rpt_iters: int, temperature: float) -> int | None:
+    """The number of problems behind the setting ``(rpt_iters, temperature)`` of a benchmark run
+    (None where the JSON does not say)."""
+    rows = [r for r in summary.get("settings", []) if r.get("rpt_iters") == rpt_iters
+            and r.get("temperature") == temperature]
+    for source in (*rows, summary):
+        n = source.get("n_problems", source.get("n"))
+        if n is not None:
+            return int(n)
+    return None
 
 
 def rows_from(outputs: dict[Run, dict]) -> list[dict]:
@@ -92,7 +96,7 @@ def rows_from(outputs: dict[Run, dict]) -> list[dict]:
         for k, best in summary["best_of_temperatures"].items():
             key = (run.window if int(k) > 0 else 0, int(k))
             n = problems_of(summary, int(k), best["temperature"])
-            interval = interval_or_none(best[metric], n)
+            interval = None if n is None else interval_or_none(best[metric], n)
             cells.setdefault(key, {"window": key[0] or None, "rpt_iters": int(k)})[title] = {
                 "score": best[metric], "temperature": best["temperature"], "n": n,
                 "interval": list(interval) if interval is not None else None}
@@ -118,8 +122,10 @@ def _fmt(cell: dict | None, relative: bool) -> str:
     if cell.get("interval") is not None:
         low, high = cell["interval"]
         text += f" [{100 * low:.1f}, {100 * high:.1f}], n = {cell['n']}"
-    elif "n" in cell:
+    elif cell.get("n") is not None:
         text += f", n = {cell['n']}: n too small"
+    elif "n" in cell:
+        text += ", n unknown"
     if relative and "change" in cell:
         rel = cell.get("relative_change")
         text += f" ({'+' if cell['change'] >= 0 else ''}{100 * rel:.1f}%)" if rel is not None else \
