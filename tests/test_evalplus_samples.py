@@ -23,18 +23,19 @@ pytestmark = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["mbpp"]).is_fi
                                 reason=f"EvalPlus data not found at {plus.data_dir()}; set RPT_EVALPLUS_DIR")
 pytest.importorskip("evalplus.evaluate")
 
-HE_SOLUTION_0 = ("from typing import List\n\n\ndef has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
-                 "    s = sorted(numbers)\n    return any(b - a < threshold for a, b in zip(s, s[1:]))\n")
+HE_SOLUTION_6 = ("from typing import List\n\n\ndef parse_nested_parens(paren_string: str) -> List[int]:\n"
+                 "    def depth(s):\n        d = m = 0\n        for ch in s:\n            d += 1 if ch == '(' else -1\n"
+                 "            m = max(m, d)\n        return m\n    return [depth(s) for s in paren_string.split()]\n")
 # Lines of the samples file we score: (task_id, fields). The solution lines are whole programs: EvalPlus
 # runs them alone (no prompt), so the one without ``from typing import List`` fails in both scorers.
+# Tasks with few inputs (69 and 50), so EvalPlus's and our expected outputs take seconds.
 HUMANEVAL = [
-    ("HumanEval/0", {"completion": "    return False\n"}),
-    ("HumanEval/0", {"solution": HE_SOLUTION_0}),
-    ("HumanEval/0", {"solution": HE_SOLUTION_0.replace("from typing import List\n", "")}),
-    ("HumanEval/2", {"completion": "    return number % 1.0\n"}),
-    ("HumanEval/2", {"completion": "    return number % 1.0 + 1e-3\n"}),
-    ("HumanEval/53", {"completion": "    return x + y if x < 1000 else 0\n"}),  # passes base, fails plus
-    ("HumanEval/53", {"completion": "    return x + y\n"}),
+    ("HumanEval/6", {"completion": "    return [len(s) // 2 for s in paren_string.split()]\n"}),
+    ("HumanEval/6", {"solution": HE_SOLUTION_6}),
+    ("HumanEval/6", {"solution": HE_SOLUTION_6.replace("from typing import List\n", "")}),
+    ("HumanEval/55", {"completion": "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"}),
+    ("HumanEval/55", {"completion": "    return n\n"}),
+    ("HumanEval/55", {"completion": "    return {1: 1, 8: 21, 10: 55, 11: 89, 12: 144}[n]\n"}),  # the base inputs only
 ]
 MBPP = [
     ("Mbpp/2", {"completion": "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b), reverse=True))\n"}),
