@@ -85,8 +85,11 @@ class CodeBenchmark(Benchmark):
         self.chat = getattr(args, "chat", False)
         self.entry_points = {tid: problems[tid]["entry_point"] for tid in task_ids}
         if self.chat:
-            return [dict(zip(("messages", "reply_prefix"), chat_prompts.code_turns(problems[tid]["prompt"])), id=tid)
-                    for tid in task_ids]
+            items = []
+            for tid in task_ids:
+                messages, reply_prefix = chat_prompts.code_turns(problems[tid]["prompt"])
+                items.append({"id": tid, "messages": messages, "reply_prefix": reply_prefix})
+            return items
         return [{"id": tid, "prompt": self.prompt(problems[tid])} for tid in task_ids]
 
     def prompt(self, problem: dict) -> str:
