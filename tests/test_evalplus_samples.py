@@ -126,3 +126,29 @@ def test_a_generated_run_writes_one_samples_file_per_setting(tmp_path, monkeypat
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         assert rows == [{"task_id": r["task_id"], "completion": r["completion"]} for r in setting["results"]]
         assert [r["task_id"] for r in rows] == ["HumanEval/0", "HumanEval/1"]
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_single_process_samples_file(tmp_path, monkeypatch):
+    """``accelerate launch`` with 2 CPU processes (under --chat, so lines carry solutions): the main
+    process writes one samples file, the same as one process writes (about 40 s)."""
+    pytest.importorskip("accelerate")
+    from tests.chat_helpers import add_chat_template
+    from tests.eval_helpers import long_context_checkpoint
+
+    monkeypatch.setenv("RPT_CACHE_DIR", str(tmp_path / "cache"))
+    ckpt = add_chat_template(long_context_checkpoint(tmp_path / "ckpt"))
+    argv = ["--plus", "--checkpoint", ckpt, "--chat", "--limit", "3", "--max-new-tokens", "6", "--rpt-iters", "0", "1",
+            "--workers", "2"]
+    single = tmp_path / "single.json"
+    assert load_script("eval/humaneval.py").main([*argv, "--out", str(single)]) == 0
+    out = tmp_path / "ddp.json"
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_ddp.yaml"),
+           "--main_process_port", "29547", str(ROOT / "eval" / "humaneval.py"), *argv, "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for setting in ("rpt0_t0", "rpt1_t0"):
+        ours, ref = samples.samples_path(out, setting).read_text(), samples.samples_path(single, setting).read_text()
+        assert ours == ref and len(ours.splitlines()) == 3 and '"solution"' in ours
