@@ -115,3 +115,20 @@ def test_gsm8k_without_data_scores_the_local_copy(tmp_path, monkeypatch, capsys)
 
     summary = json.loads(out.read_text())
     assert summary["n"] == 3 and summary["accuracy"] == 1.0 and summary["data"] == str(folder / "test.jsonl")
+
+
+def test_an_evaluation_runs_with_dtype_auto(tmp_path):
+    """``--dtype auto`` (float32 on this CPU) in a benchmark script, as in sample.py."""
+    import json
+
+    from tests.eval_helpers import gsm8k_folder, long_context_checkpoint
+
+    data = gsm8k_folder(tmp_path / "gsm8k", n_train=1, n_test=1)
+    ckpt = long_context_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "g.json"
+    argv = ["--checkpoint", ckpt, "--data", str(data / "test.jsonl"), "--shots", "0", "--max-new-tokens", "3",
+            "--out", str(out)]
+    assert load_script("eval/gsm8k.py").main([*argv, "--dtype", "auto"]) == 0
+    auto = json.loads(out.read_text())["results"]
+    assert load_script("eval/gsm8k.py").main([*argv, "--dtype", "float32", "--fresh"]) == 0
+    assert json.loads(out.read_text())["results"] == auto

@@ -39,6 +39,13 @@ def _atomic_path(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def write_text(path: str | Path, text: str) -> Path:
+    """Write text atomically (temp file + ``os.replace``): readers never see half a file."""
+    with _atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file + ``os.replace``): readers never see half a file."""
     with _atomic_path(path) as tmp:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
-from rpt.evaluation.report import _atomic_path, sibling
+from rpt.evaluation.report import sibling, write_text
 
 FIELDS = ("completion", "solution")
 
@@ -33,12 +33,9 @@ def samples_path(out: str | Path, setting: str | None = None) -> Path:
 
 def write_samples(path: str | Path, records: Sequence[dict]) -> Path:
     """``{task_id, completion[, solution]}`` lines, written atomically (a reader never sees half a file)."""
-    path = Path(path)
     lines = [json.dumps({"task_id": r["task_id"], **{k: r[k] for k in FIELDS if r.get(k) is not None}},
                         ensure_ascii=False) for r in records]
-    with _atomic_path(path) as tmp:
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
+    return write_text(path, "".join(line + "\n" for line in lines))
 
 
 def read_samples(path: str | Path, check_task_id: Callable[[object], None]) -> list[dict]:
