@@ -129,10 +129,6 @@ def pass_at_k(results: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
     }
 
 
-def _solution_of(record: dict) -> dict:
-    return {"solution": record["solution"]} if record.get("solution") is not None else {}
-
-
 def score_completions(
     records: Sequence[dict],
     problems: dict[str, dict],
@@ -157,7 +153,7 @@ def score_completions(
         record = records[i]
         problem = problems[record["task_id"]]
         passed, verdict = check_program(problem, samples.program(problem["prompt"], record), limits)
-        result = {"task_id": record["task_id"], "completion": record["completion"], **_solution_of(record),
+        result = {"task_id": record["task_id"], "completion": record["completion"], **samples.solution_of(record),
                   "passed": passed, "result": verdict}
         results[i] = result
         if on_done is not None:

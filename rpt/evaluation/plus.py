@@ -378,8 +378,7 @@ def score(dataset: str, records: Sequence[dict], tasks: dict[str, dict], oracles
     def finished(j: int, execution: Execution) -> None:
         record = records[todo[j]]
         outcome = verdicts[j].outcome(execution)
-        solution = {"solution": record["solution"]} if record.get("solution") is not None else {}
-        result = {"task_id": record["task_id"], "completion": record["completion"], **solution,
+        result = {"task_id": record["task_id"], "completion": record["completion"], **samples.solution_of(record),
                   "passed": outcome["plus_passed"], **outcome}
         results[todo[j]] = result
         if on_done is not None:

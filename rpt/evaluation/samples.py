@@ -26,6 +26,11 @@ def program(prompt: str, record: dict) -> str:
     return solution if solution is not None else prompt + record["completion"]
 
 
+def solution_of(record: dict) -> dict:
+    """``{"solution": ...}`` where the record has one, else ``{}`` (to carry it into a result)."""
+    return {"solution": record["solution"]} if record.get("solution") is not None else {}
+
+
 def samples_path(out: str | Path, setting: str | None = None) -> Path:
     """``F.samples.jsonl`` beside ``F.json`` (``F.<setting>.samples.jsonl`` for one setting of a sweep)."""
     return sibling(out, f".{setting}.samples.jsonl" if setting else ".samples.jsonl")
