@@ -111,7 +111,8 @@ def test_evalplus_rescores_our_samples_to_the_same_pass_at_1(dataset, script, ex
 
 
 def test_a_generated_run_writes_one_samples_file_per_setting(tmp_path, monkeypatch):
-    """``--checkpoint``: ``F.<setting>.samples.jsonl`` holds each setting's scored completions."""
+    """``--checkpoint``: ``F.<setting>.samples.jsonl`` holds each setting's scored completions and
+    ``F.samples.jsonl`` the first setting's (the JSON's top-level ``results``)."""
     from tests.eval_helpers import long_context_checkpoint
 
     monkeypatch.setenv("RPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -121,6 +122,8 @@ def test_a_generated_run_writes_one_samples_file_per_setting(tmp_path, monkeypat
             "--out", str(out), "--workers", "2"]
     assert load_script("eval/humaneval.py").main(argv) == 0
     summary = json.loads(out.read_text())
+    first = [json.loads(line) for line in samples.samples_path(out).read_text().splitlines()]
+    assert first == [{"task_id": r["task_id"], "completion": r["completion"]} for r in summary["results"]]
     for setting in summary["settings"]:
         path = samples.samples_path(out, setting["name"])
         rows = [json.loads(line) for line in path.read_text().splitlines()]

