@@ -24,7 +24,8 @@ answers are kept in ``F.items.jsonl``, so rerunning on the same ``--out`` resume
 indexing the evaluated split; the completion is what followed ``Answer:`` and is cut at the
 next ``Question:``. ``F.json``: ``n``, ``accuracy``, ``results`` in input order.
 
-Both write ``F.md`` and ``F.png`` beside ``F.json``.
+Both write ``F.md`` and ``F.png`` beside ``F.json``. ``--chat``: prompts through the tokenizer's
+chat template, the shots as earlier turns.
 """
 
 from __future__ import annotations

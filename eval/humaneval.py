@@ -26,7 +26,10 @@ setting, the top-level ``n_problems``, ``pass@k`` and ``results``.
 ``n_problems``, ``pass@k``, ``results`` in input order.
 
 Both write ``F.md`` and ``F.png`` beside ``F.json``; generated completions and finished
-executions are kept in ``F.items.jsonl``, so rerunning on the same ``--out`` resumes.
+executions are kept in ``F.items.jsonl``, so rerunning on the same ``--out`` resumes. The scored
+samples go to ``F.samples.jsonl`` (and ``F.<setting>.samples.jsonl`` per setting), the format
+``evalplus.evaluate --samples`` re-scores. ``--chat``: prompts through the tokenizer's chat template
+(EvalPlus's instruction prompt; the program is the reply's code, kept as ``solution``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ statement and one example assertion that names the function, stripped, plus a ne
 writes the function; generation stops at EvalPlus's stop strings (``\\n\"\"\"``, ``\\nassert``,
 ``\\nif __name__``, ``\\nprint(``, ...); the program run is prompt + completion.
 
-Same flags, outputs and resume as ``eval/humaneval.py``.
+Same flags, outputs (``F.samples.jsonl`` included) and resume as ``eval/humaneval.py``; ``--chat``
+as there.
 """
 
 from __future__ import annotations
