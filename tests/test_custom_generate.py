@@ -74,3 +74,11 @@ def test_bad_keywords_and_missing_table_are_clear_errors(ckpt, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="needs the offset table"):
         base.generate(x, custom_generate=path, trust_remote_code=True, rpt_iters=1)
+
+
+def test_a_missing_rpt_checkpoint_is_named_not_read_as_a_repo_id(tmp_path):
+    from rpt.hf_generate import rpt_model_for
+
+    with pytest.raises(ValueError, match="rpt_checkpoint .* does not exist") as e:
+        rpt_model_for(tiny_llama(), str(tmp_path / "runs" / "missing" / "final"), rpt_iters=1)
+    assert "Repo id must be" not in str(e.value)
