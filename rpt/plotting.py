@@ -13,11 +13,24 @@ def plot_loss_curves(metrics_path: str, out_png: str, title: str | None = None) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import matplotlib.ticker
 
     rows = read_metrics(metrics_path)
     if not rows:
         return None
+    fig = loss_curves_figure(rows, title)
+    os.makedirs(os.path.dirname(out_png) or ".", exist_ok=True)
+    tmp = out_png + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out_png)
+    return out_png
+
+
+def loss_curves_figure(rows: list[dict], title: str | None = None):
+    """Training and validation panels of NTP and PTP-l losses from metrics rows."""
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
     keys = sorted({k for r in rows for k in r if k == "ntp_loss" or k.startswith("ptp_loss_")})
     last_step = max(r["step"] for r in rows)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -41,9 +54,4 @@ def plot_loss_curves(metrics_path: str, out_png: str, title: str | None = None) 
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(out_png) or ".", exist_ok=True)
-    tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out_png)
-    return out_png
+    return fig
