@@ -97,6 +97,7 @@ def step_line(row: dict[str, Any], max_steps: int) -> str:
     """One logged step (and its evaluation, when there was one) as a plain line."""
     parts = [f"step {row['step']}/{max_steps}"]
     losses = [k for k in ("loss", "ntp_loss") if k in row] + sorted(k for k in row if k.startswith("ptp_loss_"))
+    losses = [k for k in losses if row[k] is not None]  # an NTP run has no PTP losses
     parts += [f"{_loss_name(k)} {_fmt(row[k])}" for k in losses]
     if "lr" in row:
         parts.append(f"lr {row['lr']:.3g}")
@@ -109,6 +110,7 @@ def step_line(row: dict[str, Any], max_steps: int) -> str:
     if row.get("peak_mem_mb") is not None:
         parts.append(f"mem {row['peak_mem_mb'] / 1024:.2f} GB")
     evals = [k for k in row if k == "eval_ntp_loss"] + sorted(k for k in row if k.startswith("eval_ptp_loss_"))
+    evals = [k for k in evals if row[k] is not None]
     if evals:
         parts.append("| eval " + " ".join(f"{_loss_name(k.removeprefix('eval_'))} {_fmt(row[k])}" for k in evals))
     return " ".join(parts)

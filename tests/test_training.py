@@ -320,3 +320,11 @@ def test_unwritable_output_dir_is_one_line(tmp_path, capsys):
     locked.mkdir(mode=0o500)
     msg = _train_main(capsys, "--config", write_config(tmp_path), f"output_dir={locked / 'run'}")
     assert "not writable" in msg
+
+
+def test_help_loads_neither_torch_nor_transformers():
+    code = ("import sys, runpy; sys.argv = ['train.py', '--help']\ntry:\n    runpy.run_path('train.py', run_name='__main__')\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]" and "train.log" in res.stdout
