@@ -25,6 +25,7 @@ from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
+from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.sampling.loading import rpt_window_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not Path(args.checkpoint).is_dir():
-        print(f"error: checkpoint {args.checkpoint} does not exist", file=sys.stderr)
+    try:
+        args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first (make demo) or check the path")
+    except ModelRefError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     trained = rpt_window_of(args.checkpoint) or 0
     windows = [w for w in args.windows if w <= trained or set(args.rpt_iters) <= {0}]
