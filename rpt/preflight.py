@@ -82,6 +82,11 @@ def check_train_inputs(cfg: TrainConfig) -> None:
     check_output_dir(cfg.output_dir, "config key 'output_dir'")
     check_output_dir(cfg.cache_dir, "config key 'cache_dir'")
     check_tracker(cfg.report_to)
+    check_model_refs(cfg)
+
+
+def check_model_refs(cfg: TrainConfig) -> None:
+    """``model`` / ``init_from`` / ``tokenizer`` name a directory or a loadable hub id."""
     for key, ref, hint in model_refs(cfg):
         try:
             resolve_model_ref(ref, f"config key {key!r} =", hint)

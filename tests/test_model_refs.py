@@ -75,3 +75,18 @@ def test_eval_scripts_report_a_bad_checkpoint_in_one_line(tmp_path, capsys, monk
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and err[0].startswith("error:") and expect in err[0], err
     assert "Repo id must be" not in err[0]
+
+
+def test_prepare_data_checks_its_tokenizer_source_and_output_first(tmp_path, capsys, monkeypatch):
+    from tests.train_helpers import write_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = write_config(tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for argv, expect in ((["init_from=runs/none/final", "tokenizer=null"], "'init_from' = 'runs/none/final' does not exist"),
+                         (["--out", str(a_file / "x")], "cannot be created")):
+        assert load_script("prepare_data.py").main(["--config", cfg, *argv]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and err[0].startswith("error:") and expect in err[0], err
+    assert not (tmp_path / "cache").exists()
