@@ -328,3 +328,16 @@ def test_help_loads_neither_torch_nor_transformers():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]" and "train.log" in res.stdout
+
+
+def test_optional_backends_are_imported_only_where_used():
+    """deepspeed (its import prints "Setting accelerator to CPU"), peft and lm_eval load only in
+    the runs that use them; the trainer, the sampler and the evaluation scripts do not import them."""
+    code = ("import sys\nimport rpt.training, rpt.sampling.loading, rpt.evaluation.script, rpt.hf_generate, rpt.lora\n"
+            "from rpt.training import make_accelerator\nfrom rpt.config import TrainConfig\n"
+            "import torch\nmake_accelerator(TrainConfig(output_dir='unused')).unwrap_model(torch.nn.Linear(1, 1))\n"
+            "print(sorted(m for m in ('deepspeed', 'peft', 'lm_eval') if m in sys.modules))")
+    e = {k: v for k, v in env().items() if k != "ACCELERATE_USE_DEEPSPEED"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"
