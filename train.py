@@ -7,7 +7,8 @@
 Before any work the run's output paths, tracker package and model references (local directory or
 hub id, cached or reachable) are checked; a problem is one ``error: ...`` line and exit status 2.
 A start-up block names the model, parameters, device, precision, world size, tokens per step, data
-and where the run starts; ``<output_dir>/train.log`` holds it and one line per logged step.
+and where the run starts (also in ``<output_dir>/run_summary.txt``); ``<output_dir>/train.log``
+holds one plain line per logged step.
 """
 
 import argparse

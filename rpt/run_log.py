@@ -1,9 +1,10 @@
 """What a run says about itself in words: the start-up summary and ``train.log``.
 
-``train.log`` (in the output directory) holds the summary block, then one plain line per logged
-step and per evaluation -- no carriage returns, no bar. The progress bar is for a terminal only:
-where stdout is not one (a log file, ``make demo``'s background runs) the same lines go to stdout
-instead, so a captured console reads like ``train.log``.
+``train.log`` (in the output directory) holds one plain line per logged step (and per evaluation
+between logged steps: one per row of ``metrics.jsonl``) -- no carriage returns, no bar, no other
+text. The start-up block goes to stdout and ``run_summary.txt``. The progress bar is for a
+terminal only: where stdout is not one (a log file, ``make demo``'s background runs) the step
+lines go to stdout instead, so a captured console reads like ``train.log``.
 """
 
 from __future__ import annotations
@@ -117,15 +118,28 @@ def step_line(row: dict[str, Any], max_steps: int) -> str:
 
 
 class RunLog:
-    """``<output_dir>/train.log`` (main process only): appended on resume, so it reads as the
-    whole run; each step's line also goes to stdout when no progress bar shows it there."""
+    """``<output_dir>/train.log``: one line per row of ``metrics.jsonl`` (a logged step, or an
+    evaluation between logged steps), nothing else, so it reads line for line like the metrics;
+    on resume it is cut back to the checkpoint's step as the metrics are, then appended. The
+    start-up block goes to stdout and ``<output_dir>/run_summary.txt``. Main process only; each
+    step's line also goes to stdout when no progress bar shows it there."""
 
-    def __init__(self, output_dir: str, enabled: bool, resumed: bool):
+    def __init__(self, output_dir: str, enabled: bool, resume_step: int):
         self.path = os.path.join(output_dir, "train.log")
+        self.summary_path = os.path.join(output_dir, "run_summary.txt")
         self.enabled = enabled
         self.echo = enabled and not sys.stderr.isatty()  # the bar (on stderr) shows only on a terminal
-        if enabled and not resumed and os.path.exists(self.path):
-            os.remove(self.path)
+        if enabled and os.path.exists(self.path):
+            self._keep_through(resume_step)
+
+    def _keep_through(self, step: int) -> None:
+        """Drop the lines of steps after ``step`` (a killed run logged past its checkpoint)."""
+        with open(self.path, encoding="utf-8") as f:
+            kept = [line for line in f if line_step(line) is not None and line_step(line) <= step]
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, self.path)
 
     def write(self, line: str) -> None:
         if not self.enabled:
@@ -136,9 +150,19 @@ class RunLog:
             print(line, flush=True)
 
     def summary(self, lines: list[str]) -> None:
-        """The start-up block: in the file and, bar or not, on stdout."""
+        """The start-up block: on stdout (bar or not) and in ``run_summary.txt`` (this start's)."""
         if not self.enabled:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
+        tmp = f"{self.summary_path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, self.summary_path)
         print("\n".join(lines), flush=True)
+
+
+def line_step(line: str) -> int | None:
+    """The step of a ``train.log`` line (``step 20/300 ...``), None for anything else."""
+    parts = line.split(maxsplit=2)
+    if len(parts) < 2 or parts[0] != "step" or not parts[1].split("/")[0].isdigit():
+        return None
+    return int(parts[1].split("/")[0])

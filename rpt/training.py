@@ -447,7 +447,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     global_batch = cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
     start_step, start_position = resume(accelerator, cfg, train, metrics_log)
-    run_log = RunLog(cfg.output_dir, enabled=main, resumed=start_step > 0)
+    run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
     backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if getattr(accelerator.state, "deepspeed_plugin", None)
                else "DDP" if world > 1 else "single process")
     run_log.summary(summary_lines(cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,

@@ -265,16 +265,17 @@ def test_warmup_longer_than_the_run_is_shortened_and_train_log_has_a_line_per_lo
     assert yaml.safe_load((run / "config.yaml").read_text())["warmup_steps"] == 6
     log = (run / "train.log").read_text()
     assert "\r" not in log
-    step_lines = [line for line in log.splitlines() if line.startswith("step ")]
-    assert [line.split()[1] for line in step_lines] == [f"{r['step']}/6" for r in rows]  # steps 2, 3 (eval), 4, 6
+    step_lines = log.splitlines()  # one line per metrics row: logged steps 2, 4, 6 and the evaluation at 3
+    assert [line.split()[:2] for line in step_lines] == [["step", f"{r['step']}/6"] for r in rows]
     assert [("| eval" in line) for line in step_lines] == ["eval_ntp_loss" in r for r in rows]
     assert f"loss {rows[0]['loss']:.4f}" in step_lines[0]
     # the start-up block: parameters counted independently on the saved model, tokens per step, start
+    summary = (run / "run_summary.txt").read_text()
     total = sum(p.numel() for p in RPTForCausalLM.from_pretrained(run / "final").parameters())
-    assert f"parameters: {total:,} total, {total:,} trainable" in log
-    assert f"tokens per step: {MICRO['micro_batch_size'] * MICRO['seq_len']:,} " in log
-    assert "device: cpu x 1 process" in log and "precision fp32" in log and "start: step 0" in log
-    assert log.index("parameters:") < log.index("step 2/6")
+    assert f"parameters: {total:,} total, {total:,} trainable" in summary
+    assert f"tokens per step: {MICRO['micro_batch_size'] * MICRO['seq_len']:,} " in summary
+    assert "device: cpu x 1 process" in summary and "precision fp32" in summary and "start: step 0" in summary
+    assert summary.strip() in res.stdout and res.stdout.index("parameters:") < res.stdout.index("step 2/6")
 
 
 def _train_main(capsys, *argv):
@@ -341,3 +342,19 @@ def test_optional_backends_are_imported_only_where_used():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_train_log_is_cut_back_to_the_resumed_checkpoint(tmp_path):
+    """As metrics.jsonl: a killed run's lines past its checkpoint go, a new run starts empty."""
+    from rpt.run_log import RunLog, step_line
+
+    def lines_of(max_steps):
+        return [step_line({"step": s, "loss": 1.0 / s}, max_steps) for s in range(1, max_steps + 1)]
+
+    (tmp_path / "train.log").write_text("".join(line + "\n" for line in lines_of(30)))
+    log = RunLog(str(tmp_path), enabled=True, resume_step=20)
+    log.write(step_line({"step": 21, "loss": 0.5}, 30))
+    kept = (tmp_path / "train.log").read_text().splitlines()
+    assert kept == lines_of(30)[:20] + [step_line({"step": 21, "loss": 0.5}, 30)]
+    RunLog(str(tmp_path), enabled=True, resume_step=0)
+    assert (tmp_path / "train.log").read_text() == ""
