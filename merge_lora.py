@@ -19,9 +19,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="where to write the merged checkpoint (replaced if it exists)")
     args = ap.parse_args(argv)
     from rpt.lora import merge
+    from rpt.model_ref import resolve_model_ref
+    from rpt.preflight import check_output_dir
 
     try:
-        print(f"wrote {merge(args.adapter, args.out)}")
+        adapter = resolve_model_ref(args.adapter, "the adapter", "give the final/ directory of a run with a lora: section")
+        check_output_dir(args.out, "the output")
+        print(f"wrote {merge(adapter, args.out)}")
     except (ValueError, OSError, ImportError) as e:
         return report_input_error(e)
     return 0

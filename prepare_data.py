@@ -28,8 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=lambda s: int(s.replace("_", "")), default=None, help="stop each split after this many tokens")
     ap.add_argument("--split", choices=["train", "validation", "both"], default="both")
     args = ap.parse_args(argv)
+    from rpt.preflight import check_model_refs, check_output_dir
+
     try:
         cfg = load_config(args.config, args.overrides)
+        check_output_dir(args.out or cfg.cache_dir, "--out" if args.out else "config key 'cache_dir'")
+        check_model_refs(cfg)  # the tokenizer comes from one of them
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -26,22 +26,12 @@ import os
 import sys
 import time
 
-import torch
-
 from rpt.entry_defaults import SAMPLE, explain_defaults
-from rpt.sampling import chat, randomness
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
-from rpt.sampling.loading import (
-    check_checkpoint,
-    encode,
-    load_model,
-    load_tokenizer,
-    rpt_window_of,
-)
-from rpt.sampling.precision import DTYPE_CHOICES, resolve_dtype
-from rpt.sampling.streaming import TextStream
-from rpt.sampling.texts import complete
+from rpt.sampling.precision import DTYPE_CHOICES
+
+# torch, transformers and the decoders load in _main: `sample.py --help` stays under a second.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +79,8 @@ def read_prompts(path: str) -> list[dict]:
 
 def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool, seeds: list[int] | None = None):
     from rpt.sampling import generate_reference
+    from rpt.sampling.streaming import TextStream
+    from rpt.sampling.texts import complete
 
     streamer = TextStream(tokenizer, config.stop, prompt_text=records[0]["fed"]) if stream else None
     done = complete(model, tokenizer, prompt_ids, config, batch_size=args.batch_size, streamer=streamer,
@@ -104,14 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # ConfigError and ModelRefError are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
 def _main(args: argparse.Namespace) -> int:
+    from rpt.preflight import check_output_file
+
+    if args.output:  # before any work: a path that cannot be written fails now, not after generating
+        check_output_file(args.output, "--output")
+    import torch
     from accelerate import PartialState
     from accelerate.utils import gather_object
+
+    from rpt.sampling import chat, randomness
+    from rpt.sampling.loading import check_checkpoint, encode, load_model, load_tokenizer, rpt_window_of
+    from rpt.sampling.precision import resolve_dtype
 
     state = PartialState(cpu=not torch.accelerator.is_available())  # else CPU workers never form a group
     if args.batch_size < 1:

@@ -97,7 +97,7 @@ class TrainJob(NamedTuple):
 def run_jobs(jobs: list[TrainJob], parallel: int) -> None:
     """``train.py --config C key=value...`` for each job not already done, ``parallel`` at a time
     (one torch thread each: a model this small trains faster as two 1-thread processes than as one
-    2-thread process). Each run's output goes to ``<run_dir>/train.log``."""
+    2-thread process). Each run's console output goes to ``<run_dir>/console.log`` (its ``train.log`` is the trainer's own)."""
     todo = [j for j in jobs if not j.cached()]
     for j in jobs:
         if j not in todo:
@@ -114,7 +114,7 @@ def run_jobs(jobs: list[TrainJob], parallel: int) -> None:
                 log.close()
                 running.remove(item)
                 if code != 0:
-                    failed.append(f"{job.run_dir} (exit {code}; see {job.run_dir / 'train.log'})")
+                    failed.append(f"{job.run_dir} (exit {code}; see {job.run_dir / 'console.log'})")
                 else:
                     write_json(job.run_dir / "controlled_run.json", {"config": job.config, "overrides": job.overrides})
                     print(f"[controlled] {job.run_dir}: trained", flush=True)
@@ -127,7 +127,7 @@ def run_jobs(jobs: list[TrainJob], parallel: int) -> None:
         job.run_dir.mkdir(parents=True)
         cmd = [sys.executable, "train.py", "--config", job.config, f"output_dir={job.run_dir}", "resume=none", *job.overrides]
         print("$ " + " ".join(cmd), flush=True)
-        log = open(job.run_dir / "train.log", "w")
+        log = open(job.run_dir / "console.log", "w")
         running.append((job, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     reap(block=True)
     if failed:

@@ -36,6 +36,7 @@ from rpt.evaluation import error_analysis as ea
 from rpt.evaluation.jsonl import EvalInputError, read_jsonl
 from rpt.evaluation.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.model import RPT_TABLE_NAME
+from rpt.model_ref import ModelRefError, resolve_model_ref
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16
@@ -118,8 +119,10 @@ def load_model(args: argparse.Namespace):
     from rpt.model import RPTForCausalLM
 
     hf_logging.disable_progress_bar()  # the weight-loading bar would bury the one-line errors
-    if not Path(args.checkpoint).is_dir():
-        raise EvalInputError(f"{args.checkpoint}: checkpoint directory not found")
+    try:
+        args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first or check the path")
+    except ModelRefError as e:
+        raise EvalInputError(str(e)) from None
     try:
         model = RPTForCausalLM.from_pretrained(args.checkpoint).to(args.device).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)

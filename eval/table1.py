@@ -27,6 +27,7 @@ from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
+from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import load_tokenizer, rpt_window_of
@@ -65,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not Path(args.checkpoint).is_dir():
-        print(f"error: checkpoint {args.checkpoint} does not exist", file=sys.stderr)
+    try:
+        args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first (make demo) or check the path")
+    except ModelRefError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if args.chat:  # before the first run: one line, nothing written
         try:

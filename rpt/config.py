@@ -208,8 +208,6 @@ def validate(cfg: TrainConfig) -> None:
         # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
-    if cfg.warmup_steps > cfg.max_steps:
-        raise bad("warmup_steps", f"use at most max_steps ({cfg.max_steps}): the learning rate would never reach its peak")
     if cfg.window < 2:
         raise bad("window", "use an integer >= 2 (the paper uses 3)")
     for key in ("s", "q", "val_fraction", "min_lr_ratio"):

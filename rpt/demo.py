@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                                              f"eval_every={args.pretrain_steps}", threads=1))
         theory = _start_theory_test(out, stages, args)
         fine_tunes = fine_tune_commands(out, ar_c["final"], args.finetune_steps, args.finetune_seeds)
-        _side_by_side(stages, {name: (cmd, out / name / "train.log", lambda n=name: _train_result(out / n, args.finetune_steps))
+        _side_by_side(stages, {name: (cmd, out / name / "console.log", lambda n=name: _train_result(out / n, args.finetune_steps))
                                for name, cmd in fine_tunes.items()})
         stages("seed_study", lambda: seed_study({arm: [out / fine_tune_name(arm, s, args.finetune_seeds)
                                                        for s in args.finetune_seeds] for arm in ("ar_f", "rpt")},

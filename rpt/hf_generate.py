@@ -71,6 +71,10 @@ def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
 
     if checkpoint is None:
         checkpoint = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    else:
+        from rpt.model_ref import resolve_model_ref
+
+        checkpoint = resolve_model_ref(checkpoint, "rpt_checkpoint", "give the RPT checkpoint directory")
     config_file = None
     if checkpoint:
         config_file = cached_file(checkpoint, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,

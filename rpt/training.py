@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_tok
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
+from rpt.run_log import RunLog, fit_warmup, step_line, summary_lines
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -305,6 +307,13 @@ def trained_precision(accelerator, model) -> str:
 def make_accelerator(cfg: TrainConfig):
     from accelerate import Accelerator
 
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true":
+        import accelerate.utils.other
+
+        # accelerate's unwrap_model imports deepspeed whenever it is installed, only to isinstance-check
+        # for a DeepSpeed engine that a run without DeepSpeed never has: the import costs ~0.7 s and
+        # prints "Setting accelerator to CPU" on every CPU run.
+        accelerate.utils.other.is_deepspeed_available = lambda: False
     return Accelerator(
         # Without an accelerator device, accelerate only forms a multi-process (gloo) group when
         # told it runs on the CPU; with cpu=False each torchrun worker would train alone.
@@ -396,6 +405,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     """Train per ``cfg``; returns the last logged metrics. Writes ``cfg.output_dir``."""
     from accelerate.utils import set_seed
 
+    cfg, warmup_note = fit_warmup(cfg)
     os.makedirs(cfg.output_dir, exist_ok=True)
     accelerator = make_accelerator(cfg)
     check_backend(accelerator, cfg)
@@ -437,6 +447,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     global_batch = cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
     start_step, start_position = resume(accelerator, cfg, train, metrics_log)
+    run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
+    backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if getattr(accelerator.state, "deepspeed_plugin", None)
+               else "DDP" if world > 1 else "single process")
+    run_log.summary(summary_lines(cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
+                                  world=world, backend=backend, train=train, val=val, start_step=start_step,
+                                  start_position=start_position, warmup_note=warmup_note))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
     if main:
@@ -444,7 +460,13 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
-    bar = tqdm(total=cfg.max_steps, initial=start_step, disable=not main, desc="train", dynamic_ncols=True)
+    if not sys.stderr.isatty():  # no bars in a captured log: train.log's lines say the same
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    # disable=None: no bar where stderr is no terminal (train.log and stdout get plain lines there)
+    bar = tqdm(total=cfg.max_steps, initial=start_step, disable=None if main else True, desc="train",
+               dynamic_ncols=True)
     last: dict[str, Any] = {}
     speed.restart()
     for step in range(start_step + 1, cfg.max_steps + 1):
@@ -486,6 +508,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         if row:
             if main:
                 metrics_log.write(row)
+                run_log.write(step_line(row, cfg.max_steps))
                 if "loss" in row:
                     bar.set_postfix_str(progress_line(row))
             if cfg.report_to != "none":

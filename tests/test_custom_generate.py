@@ -83,3 +83,11 @@ def test_right_padded_prompts_are_refused_with_the_tokenizer_setting_that_fixes_
     mask[1] = torch.tensor([1] * 6 + [0] * 3)  # row 1 padded on the right
     with pytest.raises(ValueError, match=r'left-padded.*padding_side = "left"'):
         plain.generate(x, attention_mask=mask, custom_generate=path, trust_remote_code=True, max_new_tokens=4)
+
+
+def test_a_missing_rpt_checkpoint_is_named_not_read_as_a_repo_id(tmp_path):
+    from rpt.hf_generate import rpt_model_for
+
+    with pytest.raises(ValueError, match="rpt_checkpoint .* does not exist") as e:
+        rpt_model_for(tiny_llama(), str(tmp_path / "runs" / "missing" / "final"), rpt_iters=1)
+    assert "Repo id must be" not in str(e.value)

@@ -168,3 +168,14 @@ def test_adapter_on_a_faithful_rpt_checkpoint(tmp_path):
         assert not (tmp_path / "lora" / "base").exists()  # the base is referred to, not copied
         loaded = RPTForCausalLM.from_pretrained(tmp_path / "lora")
         assert (loaded(ids, **kw).logits - ptp).abs().max() < 1e-4 and (loaded(x).logits - ntp).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("adapter, expect", [("runs/no_such_run/final", "does not exist"),
+                                             ("no_such_lora_run", "hub model id")])
+def test_merge_of_a_missing_adapter_is_one_clear_error(tmp_path, capsys, monkeypatch, adapter, expect):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert load_script("merge_lora.py").main([adapter, str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and len(err.splitlines()) == 1 and expect in err, err
+    assert "Repo id must be" not in err and not (tmp_path / "out").exists()

@@ -274,3 +274,48 @@ def test_compile_flag_gives_the_eager_text(ckpt, capsys, tmp_path):
         assert code == 0, err
         outs.append([json.loads(line)["completion"] for line in out.splitlines()])
     assert outs[0] == outs[1]
+
+
+def test_output_path_checked_before_any_work(ckpt, capsys, tmp_path, monkeypatch):
+    """An --output that cannot be written is one line before a model loads or a token is generated."""
+    def no_work(*a, **k):
+        raise AssertionError("the model loaded before the --output check")
+
+    monkeypatch.setattr("rpt.sampling.loading.load_model", no_work)
+    assert "does not exist" in bad(capsys, "--checkpoint", ckpt["rpt"], "--prompt", "x", "--output",
+                                   tmp_path / "out" / "x.jsonl")
+    assert "is a directory" in bad(capsys, "--checkpoint", ckpt["rpt"], "--prompt", "x", "--output", tmp_path)
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == []  # nothing half-written
+
+
+@pytest.mark.parametrize("ref, expect", [
+    ("not-a-model-rpt-test", ["hub model id", "not in the local hub cache", "HF_HUB_OFFLINE", "hf download"]),
+    ("rpt-test-org/not-a-model", ["no local directory", "hub model id", "hf download"]),
+    ("runs/none/final", ["does not exist"]),
+    ("bad id with spaces", ["neither an existing directory nor a valid hub id"]),
+])
+def test_a_model_reference_is_a_directory_or_a_cached_hub_id(capsys, monkeypatch, ref, expect):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    msg = bad(capsys, "--checkpoint", ref, "--prompt", "x")
+    assert all(e in msg for e in expect), msg
+    assert "Repo id must be" not in msg
+
+
+def test_an_unreachable_hub_is_one_line(tmp_path):
+    # A closed local port as the hub: "online" but nothing answers (the test never touches the network).
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0",
+               HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_ETAG_TIMEOUT="2")
+    res = subprocess.run([sys.executable, "sample.py", "--checkpoint", "rpt-test-org/not-a-model", "--prompt", "x"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert "cannot be reached" in lines[0] and "hf download" in lines[0]
+
+
+def test_help_loads_neither_torch_nor_transformers():
+    code = "import sys, runpy; sys.argv = ['sample.py', '--help']\ntry:\n    runpy.run_path('sample.py', run_name='__main__')\n" \
+           "except SystemExit:\n    pass\nprint(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+    assert "--output" in res.stdout

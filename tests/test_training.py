@@ -250,3 +250,111 @@ def test_flops_per_token_of_a_qwen3_shape_counts_heads_times_head_dim():
     expected = 6 * n + 12 * layers * a * T
     assert flops_per_token(model, T) == pytest.approx(expected, rel=0.01)
     assert flops_per_token(model, T) == pytest.approx(expected, rel=1e-9)  # by hand, exactly
+
+
+def test_warmup_longer_than_the_run_is_shortened_and_train_log_has_a_line_per_logged_step(tmp_path):
+    cfg = write_config(tmp_path, warmup_steps=30, max_steps=6, log_every=2, eval_every=3, save_every=100)
+    res = run_train(cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "warmup_steps 30 is longer than the run (max_steps 6): warming up over all 6 steps" in res.stdout
+    assert "Setting accelerator to CPU" not in res.stdout + res.stderr  # deepspeed not imported without DeepSpeed
+    run = tmp_path / "run"
+    rows = read_metrics(run / "metrics.jsonl")
+    # warmup over all 6 steps: the rate of step t (1-based) is lr * t / 6, the peak at the last step
+    assert {r["step"]: r["lr"] for r in rows if "lr" in r} == pytest.approx({t: 3e-3 * t / 6 for t in (2, 4, 6)})
+    assert yaml.safe_load((run / "config.yaml").read_text())["warmup_steps"] == 6
+    log = (run / "train.log").read_text()
+    assert "\r" not in log
+    step_lines = log.splitlines()  # one line per metrics row: logged steps 2, 4, 6 and the evaluation at 3
+    assert [line.split()[:2] for line in step_lines] == [["step", f"{r['step']}/6"] for r in rows]
+    assert [("| eval" in line) for line in step_lines] == ["eval_ntp_loss" in r for r in rows]
+    assert f"loss {rows[0]['loss']:.4f}" in step_lines[0]
+    # the start-up block: parameters counted independently on the saved model, tokens per step, start
+    summary = (run / "run_summary.txt").read_text()
+    total = sum(p.numel() for p in RPTForCausalLM.from_pretrained(run / "final").parameters())
+    assert f"parameters: {total:,} total, {total:,} trainable" in summary
+    assert f"tokens per step: {MICRO['micro_batch_size'] * MICRO['seq_len']:,} " in summary
+    assert "device: cpu x 1 process" in summary and "precision fp32" in summary and "start: step 0" in summary
+    assert summary.strip() in res.stdout and res.stdout.index("parameters:") < res.stdout.index("step 2/6")
+
+
+def _train_main(capsys, *argv):
+    from tests.scripts import load_script
+
+    code = load_script("train.py").main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_inputs_checked_before_any_work_each_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # configs/tiny_finetune.yaml's init_from (runs/tiny_pretrain/final) is not here
+    msg = _train_main(capsys, "--config", os.path.join(ROOT, "configs/tiny_finetune.yaml"))
+    assert "'init_from'" in msg and "runs/tiny_pretrain/final" in msg and "configs/tiny_pretrain.yaml" in msg
+    cfg = write_config(tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        (["model=not-a-model-rpt-test"], ["'model'", "hub model id", "not in the local hub cache", "hf download"]),
+        (["model=rpt-test-org/none", "tokenizer=null"], ["no local directory", "hub model id"]),
+        ([f"tokenizer={tmp_path / 'no_tok'}"], ["'tokenizer'", "does not exist"]),
+        ([f"output_dir={a_file}"], ["'output_dir'", "is a file"]),
+        ([f"output_dir={a_file / 'run'}"], ["'output_dir'", "cannot be created", "is a file"]),
+        ([f"cache_dir={a_file}"], ["'cache_dir'", "is a file"]),
+    ]
+    from accelerate.utils import is_tensorboard_available, is_wandb_available
+
+    cases += [([f"report_to={name}"], ["'report_to'", f"pip install {name}"])
+              for name, there in (("tensorboard", is_tensorboard_available()), ("wandb", is_wandb_available()))
+              if not there]
+    for overrides, expect in cases:
+        msg = _train_main(capsys, "--config", cfg, *overrides)
+        assert all(e in msg for e in expect), (overrides, msg)
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "config.yaml"]  # no run directory, cache or tokenizer
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_unwritable_output_dir_is_one_line(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    msg = _train_main(capsys, "--config", write_config(tmp_path), f"output_dir={locked / 'run'}")
+    assert "not writable" in msg
+
+
+def test_help_loads_neither_torch_nor_transformers():
+    code = ("import sys, runpy; sys.argv = ['train.py', '--help']\ntry:\n    runpy.run_path('train.py', run_name='__main__')\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]" and "train.log" in res.stdout
+
+
+def test_optional_backends_are_imported_only_where_used():
+    """deepspeed (its import prints "Setting accelerator to CPU"), peft and lm_eval load only in
+    the runs that use them; the trainer, the sampler and the evaluation scripts do not import them."""
+    code = ("import sys\nimport rpt.training, rpt.sampling.loading, rpt.evaluation.script, rpt.hf_generate, rpt.lora\n"
+            "from rpt.training import make_accelerator\nfrom rpt.config import TrainConfig\n"
+            "import torch\nmake_accelerator(TrainConfig(output_dir='unused')).unwrap_model(torch.nn.Linear(1, 1))\n"
+            "print(sorted(m for m in ('deepspeed', 'peft', 'lm_eval') if m in sys.modules))")
+    e = {k: v for k, v in env().items() if k != "ACCELERATE_USE_DEEPSPEED"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=e, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_train_log_is_cut_back_to_the_resumed_checkpoint(tmp_path):
+    """As metrics.jsonl: a killed run's lines past its checkpoint go, a new run starts empty."""
+    from rpt.run_log import RunLog, step_line
+
+    def lines_of(max_steps):
+        return [step_line({"step": s, "loss": 1.0 / s}, max_steps) for s in range(1, max_steps + 1)]
+
+    (tmp_path / "train.log").write_text("".join(line + "\n" for line in lines_of(30)))
+    log = RunLog(str(tmp_path), enabled=True, resume_step=20)
+    log.write(step_line({"step": 21, "loss": 0.5}, 30))
+    kept = (tmp_path / "train.log").read_text().splitlines()
+    assert kept == lines_of(30)[:20] + [step_line({"step": 21, "loss": 0.5}, 30)]
+    RunLog(str(tmp_path), enabled=True, resume_step=0)
+    assert (tmp_path / "train.log").read_text() == ""

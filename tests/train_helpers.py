@@ -22,7 +22,7 @@ MICRO = {
     "q": 0.2,
     "micro_batch_size": 4,
     "lr": 3e-3,
-    "warmup_steps": 2,  # <= every test's max_steps (a larger warmup is an error)
+    "warmup_steps": 2,  # <= every test's max_steps (a larger one is shortened to the run)
     "max_steps": 10,
     "eval_every": 5,
     "eval_batches": 2,

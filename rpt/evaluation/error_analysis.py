@@ -75,12 +75,14 @@ kept tokens and too low otherwise.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, SymmetricalLogLocator
 
 from rpt.queries import ModelQueries, Visibility
 
@@ -440,8 +442,11 @@ def plot_histogram(summary: dict, title: str) -> Figure:
     ax.set_xlabel(r"$\hat p^{(1)}(x_i) - \hat p^{(0)}(x_i)$")
     ax.set_ylabel("positions")
     ax.set_yscale("symlog", linthresh=1)  # the mass piles up near 0; a log scale shows the tails
+    # At most 6 x ticks and one y tick per decade shown: long or narrow ranges never overlap labels.
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
+    ax.yaxis.set_major_locator(SymmetricalLogLocator(base=10, linthresh=1, subs=[1.0]))
     lo, hi = summary.get("frac_improved_ci", [float("nan")] * 2)
-    ax.set_title(f"{title}\nimproved at {summary['frac_improved']:.1%} (95% CI {lo:.1%}-{hi:.1%}) of "
-                 f"{summary['n_positions']} positions", fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 70)) + f"\nimproved at {summary['frac_improved']:.1%} (95% CI "
+                 f"{lo:.1%}-{hi:.1%}) of {summary['n_positions']} positions", fontsize=9)
     fig.tight_layout()
     return fig

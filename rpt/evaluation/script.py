@@ -33,6 +33,7 @@ from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.evaluation.sandbox import IsolationUnavailable
+from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
@@ -228,8 +229,10 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     stop = [*benchmark.stop(args), *(args.stop or [])]
     sampling_config_from_args(args, stop=stop, rpt_iters=0, temperature=0.0)  # bad flags first, before loading
     items = benchmark.items(args, problems)
-    if not Path(args.checkpoint).expanduser().exists():
-        raise EvalInputError(f"checkpoint {args.checkpoint} does not exist")
+    try:  # before the store is opened: a bad reference leaves nothing behind
+        args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first or check the path")
+    except ModelRefError as e:
+        raise EvalInputError(str(e)) from None
     if args.chat:  # before the model loads and anything is written
         chat.require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint)
     store = sweep.open_store(args.out, fresh=args.fresh)

@@ -9,30 +9,31 @@ proposal rules and position-keyed draws both decoders share), :mod:`~rpt.samplin
 :mod:`~rpt.sampling.texts` (prompts in, texts out), the processors and the loaders.
 """
 
-from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
-from rpt.sampling.healing import (
-    HealedPrompt,
-    TokenHealingLogitsProcessor,
-    TokenVocabulary,
-    heal_prompt,
-    heal_prompts,
-)
-from rpt.sampling.lz import (
-    LZMatchTracker,
-    LZPenaltyLogitsProcessor,
-    lz_match_costs,
-    lz_match_lengths,
-    lz_penalty,
-)
-from rpt.sampling.output import GenerateOutput
-from rpt.sampling.processors import (
-    FrequencyPresencePenaltyLogitsProcessor,
-    build_logits_processors,
-    penalty_processors,
-    warper_processors,
-)
-from rpt.sampling.reference import generate_reference
+import importlib
+
+# Each public name -> the module that defines it, imported on first use (PEP 562): importing
+# rpt.sampling.cli or .config for a script's --help must not load torch and transformers (~3 s).
+_WHERE = {
+    "SamplingConfig": "config",
+    "generate": "fast_decoder",
+    "HealedPrompt": "healing", "TokenHealingLogitsProcessor": "healing", "TokenVocabulary": "healing",
+    "heal_prompt": "healing", "heal_prompts": "healing",
+    "LZMatchTracker": "lz", "LZPenaltyLogitsProcessor": "lz", "lz_match_costs": "lz", "lz_match_lengths": "lz",
+    "lz_penalty": "lz",
+    "GenerateOutput": "output",
+    "FrequencyPresencePenaltyLogitsProcessor": "processors", "build_logits_processors": "processors",
+    "penalty_processors": "processors", "warper_processors": "processors",
+    "generate_reference": "reference",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
 
 __all__ = [
     "GenerateOutput",
@@ -54,3 +55,7 @@ __all__ = [
     "penalty_processors",
     "warper_processors",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

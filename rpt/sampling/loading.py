@@ -15,10 +15,6 @@ from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
 
 
-def _is_local(path: str) -> bool:
-    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") != 1 or os.path.exists(path)
-
-
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -28,10 +24,11 @@ def load_tokenizer(checkpoint: str):
     """The checkpoint's tokenizer; a missing directory is a ``FileNotFoundError``."""
     from transformers import AutoTokenizer
 
-    if _is_local(checkpoint) and not os.path.isdir(os.path.expanduser(checkpoint)):
-        raise FileNotFoundError(f"checkpoint directory {checkpoint!r} does not exist")
+    from rpt.model_ref import resolve_model_ref
+
+    checkpoint = resolve_model_ref(checkpoint, "checkpoint", "train one first or check the path")
     try:
-        return AutoTokenizer.from_pretrained(os.path.expanduser(checkpoint))
+        return AutoTokenizer.from_pretrained(checkpoint)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {_first_line(e)}") from None
 

@@ -1,0 +1,94 @@
+"""Checks run before any work: output paths, trackers and model references of a run.
+
+Each problem is one :class:`~rpt.config.ConfigError` (``error: ...``, exit 2) naming the key or
+flag and the fix -- raised before a tokenizer is trained, a model loaded or a token generated,
+so a bad path never costs a run and nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rpt.config import ConfigError, TrainConfig
+from rpt.model_ref import ModelRefError, resolve_model_ref
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its closest ancestor that exists."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def check_output_dir(path: str, what: str) -> None:
+    """``path`` is (or can be created as) a writable directory."""
+    existing = _nearest_existing(path)
+    if existing == os.path.abspath(path) and not os.path.isdir(existing):
+        raise ConfigError(f"{what} {path!r} is a file, not a directory; choose another path or move the file")
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{what} {path!r} cannot be created: {existing!r} is a file; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r} is not writable ({existing!r} does not allow writing); choose a "
+                          "directory you can write to")
+
+
+def check_output_file(path: str, what: str) -> None:
+    """``path`` can be written as a file: its directory exists and is writable, and it is no directory."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} is a directory; give a file name (e.g. {os.path.join(path, 'out.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} does not exist; "
+                          f"create it first (mkdir -p {os.path.dirname(path)})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} is not writable; "
+                          "choose another path")
+
+
+def check_tracker(report_to: str) -> None:
+    """``report_to`` names a tracker whose package is installed (else the run would log nowhere)."""
+    if report_to == "none":
+        return
+    from accelerate.utils import is_tensorboard_available, is_wandb_available
+
+    available = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available}[report_to]()
+    if not available:
+        package = "tensorboard" if report_to == "tensorboard" else "wandb"
+        raise ConfigError(f"config key 'report_to' = {report_to!r} but the {package} package is not installed; "
+                          f"pip install {package}, or set report_to=none")
+
+
+def model_refs(cfg: TrainConfig) -> list[tuple[str, str, str]]:
+    """``(config key, reference, fix for a missing path)`` of every model reference the run loads."""
+    refs = []
+    if cfg.init_from is not None:
+        refs.append(("init_from", cfg.init_from, "train the run it names first (e.g. `python train.py --config "
+                     "configs/tiny_pretrain.yaml` for configs/tiny_finetune.yaml), or point init_from at an "
+                     "existing checkpoint's final/ directory"))
+    elif isinstance(cfg.model, str):
+        refs.append(("model", cfg.model, "give an existing model directory or a hub id"))
+    if isinstance(cfg.tokenizer, str):
+        refs.append(("tokenizer", cfg.tokenizer, "give an existing tokenizer directory, a hub id, or null for the "
+                     "model's own"))
+    return refs
+
+
+def check_train_inputs(cfg: TrainConfig) -> None:
+    """Everything a run needs that a config's validation cannot see: paths and packages."""
+    check_output_dir(cfg.output_dir, "config key 'output_dir'")
+    check_output_dir(cfg.cache_dir, "config key 'cache_dir'")
+    check_tracker(cfg.report_to)
+    check_model_refs(cfg)
+
+
+def check_model_refs(cfg: TrainConfig) -> None:
+    """``model`` / ``init_from`` / ``tokenizer`` name a directory or a loadable hub id."""
+    for key, ref, hint in model_refs(cfg):
+        try:
+            resolve_model_ref(ref, f"config key {key!r} =", hint)
+        except ModelRefError as e:
+            raise ConfigError(str(e)) from None
