@@ -6,12 +6,12 @@ and reports a bad one with the same message.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.sampling.config import SamplingConfig
 
 
@@ -36,28 +36,30 @@ def load_tokenizer(checkpoint: str):
         raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {_first_line(e)}") from None
 
 
+def read_checkpoint_config(checkpoint: str) -> RPTConfig | None:
+    """The checkpoint's checked ``rpt_config.json`` (read before loading), or None for a plain causal LM."""
+    return read_rpt_config(os.path.expanduser(checkpoint))
+
+
 def rpt_window_of(checkpoint: str) -> int | None:
     """The trained window of an RPT checkpoint, or None for a plain causal LM (read before loading)."""
-    from transformers.utils import cached_file
-
-    path = cached_file(os.path.expanduser(checkpoint), RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
-                       _raise_exceptions_for_connection_errors=False)
-    if path is None:
-        return None
-    with open(path) as f:
-        return int(json.load(f)["window"])
+    config = read_checkpoint_config(checkpoint)
+    return None if config is None else config.window
 
 
-def check_checkpoint(window: int | None, config: SamplingConfig, checkpoint: str) -> None:
-    """RPT sampling needs an RPT checkpoint whose trained window covers ``rpt_window``."""
+def check_checkpoint(window: int | RPTConfig | None, config: SamplingConfig, checkpoint: str) -> None:
+    """RPT sampling needs an RPT checkpoint trained with the RPT objective whose trained window
+    covers ``rpt_window``. ``window``: the checkpoint's :class:`RPTConfig` (or its trained window,
+    then the record is read from ``checkpoint``); None for a plain causal LM."""
     if config.rpt_iters == 0:
         return
     if window is None:
         raise ValueError(f"{checkpoint} is not an RPT checkpoint (no {RPT_CONFIG_NAME}); --rpt-iters {config.rpt_iters} "
                          "needs a model fine-tuned with RPT. Use --rpt-iters 0 for plain next-token sampling")
-    if config.rpt_window > window:
-        raise ValueError(f"--rpt-window {config.rpt_window} is larger than the window {window} that {checkpoint} "
-                         f"was trained with; use --rpt-window {window} or less")
+    record = window if isinstance(window, RPTConfig) else read_checkpoint_config(checkpoint)
+    trained = window.window if isinstance(window, RPTConfig) else int(window)
+    check_window_covers(trained, config.rpt_window, checkpoint, name="--rpt-window")
+    check_rpt_objective(record.objective if record is not None else None, config.rpt_iters, checkpoint, name="--rpt-iters")
 
 
 def load_model(checkpoint: str, window: int | None, device: str, dtype: torch.dtype):
