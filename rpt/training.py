@@ -84,6 +84,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
                              f"{model.lm.get_input_embeddings().num_embeddings}; LoRA keeps the base frozen: use the "
                              "base model's tokenizer (tokenizer: null) or fine-tune without lora")
         model.lm.resize_token_embeddings(len(tokenizer))
+    model.objective = cfg.objective  # recorded in rpt_config.json: RPT decoding needs "rpt"
     if cfg.lora is not None:
         from rpt.lora import add_lora
 
