@@ -188,7 +188,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     table = state_dict["offset_embedding.weight"]
     save_table({"offset_embedding.weight": table.detach().cpu().contiguous()}, path)
     with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
-        fingerprint = base_fingerprint(_base_state(lm_state), f"{input_key}.weight" if input_key else None)
+        fingerprint = base_fingerprint(_base_state(lm_state), input_key)
         json.dump({"window": model.window, "offset_rows": offset_rows(model.window), "format_version": RPT_FORMAT_VERSION,
                    "ntp_row_folded": False, **model.objective_record(),
                    "lora": {"base": base_ref, **section, "base_fingerprint": fingerprint}}, f, indent=2)
