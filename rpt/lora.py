@@ -45,6 +45,8 @@ def check_section(section: Any) -> str | None:
     for key, typ in LORA_KEYS.items():
         if key in section and (not isinstance(section[key], typ) or isinstance(section[key], bool)):
             return f"{key} has the wrong type ({section[key]!r})"
+    if any(not math.isfinite(section[k]) for k in ("alpha", "dropout") if k in section):
+        return "alpha and dropout must be finite numbers"
     if int(section.get("r", 8)) < 1:
         return "r must be an integer >= 1"
     if not 0 <= float(section.get("dropout", 0.0)) < 1:

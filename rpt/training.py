@@ -505,7 +505,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             meter.add(out)
-        stop_if_not_finite(accelerator, meter, step, cfg)
+        stop_if_not_finite(accelerator, meter, step, cfg, bar)
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         speed.add(global_batch * cfg.seq_len)
@@ -559,17 +559,19 @@ class TrainingDiverged(ValueError):
     """The training loss became NaN or inf: the run stops (its last checkpoint is kept)."""
 
 
-def stop_if_not_finite(accelerator, meter: LossMeter, step: int, cfg: TrainConfig) -> None:
+def stop_if_not_finite(accelerator, meter: LossMeter, step: int, cfg: TrainConfig, bar=None) -> None:
     """Stop every rank together when any rank's loss this step is not finite (a reduced flag, so
     no rank is left waiting in the next collective); nothing of this step is saved."""
     bad = (~torch.isfinite(meter.loss)).to(torch.float32).reshape(1)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad, "max")
     if float(bad) > 0:
+        if bar is not None:
+            bar.close()  # the error goes on a line of its own, after the progress bar's
         kept = latest_checkpoint(cfg.output_dir)
         raise TrainingDiverged(f"the training loss became NaN or inf at step {step}; the run stopped without saving that "
-                               f"step ({f'last good checkpoint: {kept}' if kept else 'no checkpoint was written yet'}): lower "
-                               "'lr', check the data, or set max_grad_norm > 0, then resume=auto")
+                               f"step ({f'last good checkpoint: {kept}' if kept else 'no checkpoint was written yet'}): start "
+                               "a new run (another output_dir) with a lower 'lr' or max_grad_norm > 0, or check the data")
 
 
 def progress_line(row: dict[str, Any]) -> str:
