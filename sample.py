@@ -30,10 +30,11 @@ from rpt.sampling import randomness
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import (
     check_checkpoint,
+    check_device,
     encode,
     load_model,
     load_tokenizer,
-    rpt_window_of,
+    read_checkpoint_config,
 )
 from rpt.sampling.streaming import TextStream
 from rpt.sampling.texts import complete
@@ -112,8 +113,8 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: use an integer >= 1")
     if args.compile and args.reference:
         raise ValueError("--compile compiles the fast decoder's model step; the --reference sampler has none: drop one")
-    device = args.device or (str(state.device) if state.num_processes > 1 else
-                             "cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(args.device) if args.device else (str(state.device) if state.num_processes > 1 else
+                                                             "cuda" if torch.cuda.is_available() else "cpu")
     if args.dtype == "auto":
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     else:
@@ -122,9 +123,9 @@ def _main(args: argparse.Namespace) -> int:
     sampling_config_from_args(args)  # flag errors first, before loading anything
     tokenizer = load_tokenizer(args.checkpoint)
     config = sampling_config_from_args(args, tokenizer)
-    window = rpt_window_of(args.checkpoint)
-    check_checkpoint(window, config, args.checkpoint)
-    model = load_model(args.checkpoint, window, device, dtype)
+    rpt_config = read_checkpoint_config(args.checkpoint)  # checked before any weight is read
+    check_checkpoint(rpt_config, config, args.checkpoint)
+    model = load_model(args.checkpoint, rpt_config, device, dtype)
     prompt_ids = encode(tokenizer, records, model)
 
     stream = len(records) == 1 and state.num_processes == 1
