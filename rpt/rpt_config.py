@@ -78,13 +78,29 @@ def parse_rpt_config(raw: Any, path: str) -> RPTConfig:
             raise _bad(path, key, raw[key], "use true or false")
     if "offset_rows" in raw and raw["offset_rows"] != offset_rows(window):
         raise _bad(path, "offset_rows", raw["offset_rows"], f"a window of {window} has rows {offset_rows(window)}")
+    _check_records(raw, path)
+    return RPTConfig(path, window, version, bool(raw.get("untied_embeddings", False)), raw.get("objective"),
+                     raw.get("lora"), raw)
+
+
+def _check_records(raw: dict[str, Any], path: str) -> None:
+    """The training objective and the LoRA adapter's record."""
     objective = raw.get("objective")
     if objective is not None and objective not in OBJECTIVES:
         raise _bad(path, "objective", objective, f"use one of {', '.join(OBJECTIVES)}")
     lora = raw.get("lora")
     if lora is not None and not (isinstance(lora, dict) and isinstance(lora.get("base"), str) and lora["base"]):
         raise _bad(path, "lora", lora, "an adapter's record is a mapping with 'base' (its base model's path or id)")
-    return RPTConfig(path, window, version, bool(raw.get("untied_embeddings", False)), objective, lora, raw)
+    fingerprint = (lora or {}).get("base_fingerprint")
+    if fingerprint is not None and not (isinstance(fingerprint, dict) and all(map(_is_tensor_print, fingerprint.values()))):
+        raise _bad(path, "lora.base_fingerprint", "...", "per tensor name a mapping of shape, sample and abs_mean")
+
+
+def _is_tensor_print(entry: Any) -> bool:
+    number = (int, float)
+    return (isinstance(entry, dict) and isinstance(entry.get("shape"), list) and all(_is_int(d) for d in entry["shape"])
+            and isinstance(entry.get("sample"), list) and all(isinstance(v, number) for v in entry["sample"])
+            and isinstance(entry.get("abs_mean"), number))
 
 
 def load_rpt_config_file(path: str) -> RPTConfig:

@@ -60,3 +60,12 @@ def test_adapter_onto_another_base_shape_is_one_line(tmp_path, capsys, fingerpri
     assert load_script("merge_lora.py").main([str(lora), str(tmp_path / "merged")]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert str(lora) in line and ("another model shape" in line or "does not fit the base" in line)
+
+
+def test_a_damaged_fingerprint_record_is_named(tmp_path):
+    _, lora = adapter_on_saved_base(tmp_path)
+    config = json.loads((lora / RPT_CONFIG_NAME).read_text())
+    config["lora"]["base_fingerprint"] = {"model.embed_tokens.weight": {"shape": "97x32"}}
+    (lora / RPT_CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'lora.base_fingerprint'"):
+        RPTForCausalLM.from_pretrained(lora)
