@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -250,9 +251,18 @@ def load_scheduler_state(checkpoint: str, scheduler) -> None:
     else:
         path = os.path.join(checkpoint, LEGACY_SCHEDULER_STATE)
         state = load_plain(path, "resuming the learning-rate schedule")
-    keys = ("base_lrs", "last_epoch", "_step_count")
-    if not isinstance(state, dict) or any(k not in state for k in keys):
-        raise CheckpointError(f"{path} lacks the scheduler's {', '.join(keys)}; the checkpoint is damaged: resume "
-                              "from another checkpoint or resume=none")
     current = scheduler.state_dict()
+    if not _scheduler_state_fits(state, len(current["base_lrs"])):
+        raise CheckpointError(f"{path} does not hold this run's scheduler state (base_lrs: {len(current['base_lrs'])} "
+                              "finite rates, last_epoch and _step_count integers); the checkpoint is damaged: resume "
+                              "from another checkpoint or resume=none")
     scheduler.load_state_dict({**{k: v for k, v in state.items() if k in current}, "lr_lambdas": current["lr_lambdas"]})
+
+
+def _scheduler_state_fits(state: Any, groups: int) -> bool:
+    if not isinstance(state, dict):
+        return False
+    rates, epoch, count = state.get("base_lrs"), state.get("last_epoch"), state.get("_step_count")
+    rates_ok = isinstance(rates, list) and len(rates) == groups and all(
+        isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) for r in rates)
+    return rates_ok and all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, count))
