@@ -121,11 +121,14 @@ def read_segments(output_dir: str) -> list[dict[str, Any]]:
     return segments
 
 
-def append_segment(cfg: TrainConfig, start_step: int, changed: dict[str, tuple[Any, Any]]) -> None:
-    """Record that this invocation trains from ``start_step`` to ``cfg.max_steps`` with ``changed``
-    keys (``{key: (before, now)}``), rewriting ``segments.jsonl`` atomically with the line added."""
+def append_segment(cfg: TrainConfig, start_step: int, changed: dict[str, tuple[Any, Any]],
+                   checkpoint: str | None = None) -> None:
+    """Record that this invocation trains from ``start_step`` (resuming ``checkpoint``, possibly of
+    another output_dir) to ``cfg.max_steps`` with ``changed`` keys (``{key: (before, now)}``),
+    rewriting ``segments.jsonl`` atomically with the line added."""
     segments = read_segments(cfg.output_dir)
-    segments.append({"segment": len(segments), "from_step": start_step, "max_steps": cfg.max_steps,
+    segments.append({"segment": len(segments), "from_step": start_step,
+                     "from_checkpoint": os.path.abspath(checkpoint) if checkpoint else None, "max_steps": cfg.max_steps,
                      "changed": {k: {"from": a, "to": b} for k, (a, b) in changed.items()},
                      "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     path = os.path.join(cfg.output_dir, SEGMENTS)

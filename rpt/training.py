@@ -481,7 +481,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
     if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.run_record)
         write_config_record(cfg)
-        append_segment(cfg, start_step, start.changed)
+        append_segment(cfg, start_step, start.changed, start.checkpoint)
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     bar = tqdm(total=cfg.max_steps, initial=start_step, disable=not main, desc="train", dynamic_ncols=True)

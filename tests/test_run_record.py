@@ -102,6 +102,7 @@ def test_resume_raising_max_steps_continues_exactly_and_records_the_segment(tmp_
     assert sorted(b) == [1, 2, 3, 4, 6] and b[6] == pytest.approx((a[5] + a[6]) / 2, rel=1e-6)
     segments = [json.loads(line) for line in (run / "segments.jsonl").read_text().splitlines()]
     assert [(s["from_step"], s["max_steps"]) for s in segments] == [(0, 4), (4, 6)]
+    assert segments[0]["from_checkpoint"] is None and segments[1]["from_checkpoint"] == str(run / "checkpoint-4")
     assert segments[1]["changed"] == {"max_steps": {"from": 4, "to": 6}, "eval_every": {"from": 5, "to": 3},
                                       "log_every": {"from": 1, "to": 2}}
     assert json.loads((run / "final" / "segments.json").read_text()) == segments
