@@ -357,9 +357,11 @@ def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metric
     data_state = load_data_state(path, accelerator.process_index, accelerator.num_processes)
     if data_state:
         train.load_state_dict(data_state)
+    from safetensors import SafetensorError
+
     try:
         load_accelerator_state(accelerator, path)
-    except (pickle.UnpicklingError, RuntimeError, KeyError, OSError, EOFError) as e:
+    except (pickle.UnpicklingError, SafetensorError, RuntimeError, KeyError, OSError, EOFError, ValueError) as e:
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: its model or optimizer state cannot be loaded into this run ({first}); "
                               "resume from another checkpoint or resume=none") from None

@@ -200,3 +200,14 @@ def test_a_scheduler_state_that_does_not_fit_the_run_is_named(tmp_path, state):
     (tmp_path / "scheduler.json").write_text(json.dumps(state))
     with pytest.raises(CheckpointError, match=r"scheduler\.json does not hold this run's scheduler state"):
         load_scheduler_state(str(tmp_path), scheduler)
+
+
+def test_a_damaged_weights_file_in_a_checkpoint_from_before_manifests_is_one_line(run4, tmp_path, capsys):
+    cfg, run = run4
+    cut = cut_at(run, tmp_path)
+    as_written_before_manifests(cut / "checkpoint-2")
+    weights = cut / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    capsys.readouterr()
+    assert train_main(cfg, f"output_dir={cut}") == 2
+    assert "checkpoint-2: its model or optimizer state cannot be loaded" in one_error_line(capsys.readouterr().err)
