@@ -41,10 +41,11 @@ from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
 from rpt.deepspeed_settings import apply_run_config, engine_precision
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model import RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
 from rpt.resume import Start, plan_start
+from rpt.rpt_config import read_rpt_config
 from rpt.run_record import append_segment, copy_segments, write_config_record
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -67,7 +68,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
         config = AutoConfig.for_model(model_type, **spec)
         base = AutoModelForCausalLM.from_config(config, **hf_kwargs)
         model = RPTForCausalLM.from_base(base, cfg.window)
-    elif os.path.isfile(os.path.join(str(source), RPT_CONFIG_NAME)):
+    elif os.path.isdir(str(source)) and read_rpt_config(source) is not None:  # checked: one reader of rpt_config.json
         # LoRA keeps the base as saved (folded, untied): its adapter's table is stored relative to it
         model = RPTForCausalLM.from_pretrained(source, window=cfg.window, retie=cfg.lora is None, **hf_kwargs)
         if model.window != cfg.window:
