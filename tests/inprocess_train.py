@@ -13,6 +13,7 @@ def train_main(config: str, *overrides: str) -> int:
 
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
+    environ = dict(os.environ)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import train
 
@@ -22,6 +23,8 @@ def train_main(config: str, *overrides: str) -> int:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
         PartialState._reset_state()
+        os.environ.clear()  # what accelerate and the run set for themselves does not leak into later tests
+        os.environ.update(environ)
 
 
 def one_error_line(stderr: str) -> str:
