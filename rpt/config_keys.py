@@ -90,12 +90,19 @@ def model_config_defaults(model_type: str) -> dict[str, Any]:
         return {}
 
 
-def _value_problem(value: Any, default: Any) -> str | None:
+def _is_count(key: str) -> bool:
+    """A size or a count of layers, heads or positions: 0 or less builds no model (or fails deep inside one)."""
+    return key.startswith("num_") or key.endswith(("_size", "_layers", "_heads", "_embeddings", "head_dim"))
+
+
+def _value_problem(key: str, value: Any, default: Any) -> str | None:
     """Why ``value`` cannot stand where the config's default is ``default`` (None: it can)."""
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "true or false"
     if isinstance(default, int):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "an integer"
+        return "an integer >= 1" if value < 1 and _is_count(key) else None
     if isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         return None if ok else "a finite number"
@@ -116,7 +123,7 @@ def check_model_keys(spec: Any) -> None:
                 except ValueError:
                     pass
             # A number where the config holds one ("64" would reach the model's constructor as a string).
-            problem = _value_problem(value, default)
+            problem = _value_problem(key, value, default)
             if problem:
                 raise ConfigError(f"config key 'model.{key}' = {value!r} must be {problem} "
                                   f"(the {model_type} config's default is {defaults[key]!r})")

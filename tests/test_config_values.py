@@ -18,7 +18,8 @@ from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config
     ("val_fraction=nan", "'val_fraction'"), ("lr=", "'lr'"), ("window=null", "'window'"), ("window=", "'window'"),
     ("seq_len=null", "'seq_len'"), ("window=1e12", "'window'"), ("max_steps=1e400", "'max_steps'"),
     ("model.hidden_size='64'", "'model.hidden_size'"), ("model.rms_norm_eps=.nan", "'model.rms_norm_eps'"),
-    ("model.tie_word_embeddings=1", "'model.tie_word_embeddings'"), ("lora={alpha: .nan}", "'lora'"),
+    ("model.tie_word_embeddings=1", "'model.tie_word_embeddings'"), ("model.hidden_size=-4", "'model.hidden_size'"),
+    ("model.num_hidden_layers=0", "'model.num_hidden_layers'"), ("lora={alpha: .nan}", "'lora'"),
 ])
 def test_non_finite_or_mistyped_values_are_refused_by_key(tmp_path, override, key):
     cfg = write_config(tmp_path)
