@@ -211,3 +211,18 @@ def test_a_damaged_weights_file_in_a_checkpoint_from_before_manifests_is_one_lin
     capsys.readouterr()
     assert train_main(cfg, f"output_dir={cut}") == 2
     assert "checkpoint-2: its model or optimizer state cannot be loaded" in one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_two_processes_refuse_a_changed_checkpoint_together(tmp_path):
+    """The main process verifies the manifest and broadcasts its verdict: both ranks stop, none hangs."""
+    from tests.train_helpers import ROOT
+
+    cfg = write_config(tmp_path, max_steps=2, save_every=2, eval_batches=0, micro_batch_size=2)
+    launch = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
+    assert run_cmd(accelerate_cmd(launch, 29581, cfg)).returncode == 0
+    marker = tmp_path / "marker"
+    plant(tmp_path / "run" / "checkpoint-2" / "optimizer.bin", marker)
+    res = run_cmd(accelerate_cmd(launch, 29582, cfg, "max_steps=4"), timeout=300)
+    assert res.returncode != 0 and not marker.exists()
+    assert res.stderr.count("optimizer.bin changed after the checkpoint was written") == 2, res.stderr[-3000:]
