@@ -111,7 +111,14 @@ def _main(args: argparse.Namespace) -> int:
     from accelerate.utils import gather_object
 
     from rpt.sampling import chat, randomness
-    from rpt.sampling.loading import check_checkpoint, encode, load_model, load_tokenizer, rpt_window_of
+    from rpt.sampling.loading import (
+        check_checkpoint,
+        check_device,
+        encode,
+        load_model,
+        load_tokenizer,
+        read_checkpoint_config,
+    )
     from rpt.sampling.precision import resolve_dtype
 
     state = PartialState(cpu=not torch.accelerator.is_available())  # else CPU workers never form a group
@@ -119,8 +126,8 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: use an integer >= 1")
     if args.compile and args.reference:
         raise ValueError("--compile compiles the fast decoder's model step; the --reference sampler has none: drop one")
-    device = args.device or (str(state.device) if state.num_processes > 1 else
-                             "cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(args.device) if args.device else (str(state.device) if state.num_processes > 1 else
+                                                             "cuda" if torch.cuda.is_available() else "cpu")
     dtype = resolve_dtype(args.dtype, device)
     records = read_prompts(args.prompts) if args.prompts else [{"id": 0, "prompt": args.prompt}]
     sampling_config_from_args(args)  # flag errors first, before loading anything
@@ -130,9 +137,9 @@ def _main(args: argparse.Namespace) -> int:
     for rec in records:  # the text the model continues
         rec["fed"] = chat.user_prompt(tokenizer, rec["prompt"]) if args.chat else rec["prompt"]
     config = sampling_config_from_args(args, tokenizer)
-    window = rpt_window_of(args.checkpoint)
-    check_checkpoint(window, config, args.checkpoint)
-    model = load_model(args.checkpoint, window, device, dtype)
+    rpt_config = read_checkpoint_config(args.checkpoint)  # checked before any weight is read
+    check_checkpoint(rpt_config, config, args.checkpoint)
+    model = load_model(args.checkpoint, rpt_config, device, dtype)
     prompt_ids = encode(tokenizer, [{"id": r["id"], "prompt": r["fed"]} for r in records], model)
 
     stream = len(records) == 1 and state.num_processes == 1

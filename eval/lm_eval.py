@@ -31,8 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"error: lm-eval is not installed ({exc}); pip install -e '.[lm-eval]'", file=sys.stderr)
         return 2
+    from rpt.config import report_input_error
+
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (ValueError, FileNotFoundError, KeyError) as e:  # ours (model_args, checkpoint) and lm-eval's (tasks, flags)
+        return report_input_error(e)
     return 0
 
 

@@ -8,6 +8,7 @@ keys it sets replace the base's. Command-line overrides use dotted keys for nest
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import traceback
@@ -105,9 +106,12 @@ CHOICES = {
 }
 
 
-def _load_yaml(path: str) -> dict[str, Any]:
+def _load_yaml(path: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} does not exist; pass --config configs/<name>.yaml")
+    if os.path.realpath(path) in chain:
+        raise ConfigError(f"config file {path} is its own base (base: chain {' -> '.join(chain + (os.path.realpath(path),))}); "
+                          "remove the cycle")
     with open(path) as f:
         try:
             raw = yaml.safe_load(f) or {}
@@ -118,7 +122,9 @@ def _load_yaml(path: str) -> dict[str, Any]:
     base = raw.pop("base", None)
     if base is None:
         return raw
-    merged = _load_yaml(os.path.join(os.path.dirname(path), base))
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"config file {path} key 'base' = {base!r} must name another YAML file (relative to {path})")
+    merged = _load_yaml(os.path.join(os.path.dirname(path), base), chain + (os.path.realpath(path),))
     merged.update(raw)
     return merged
 
@@ -137,8 +143,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def _coerce(name: str, value: Any) -> Any:
     f = FIELDS[name]
     typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if value is None or "Any" in typ:
+    if "Any" in typ or (value is None and "None" in typ):
         return value
+    if value is None:
+        raise ConfigError(f"config key {name!r} needs a value (got an empty value or null); e.g. {name}={f.default!r}")
     if isinstance(value, str) and typ.split(" ")[0] in ("int", "float"):
         try:  # YAML 1.1 reads "1e-3" (no dot) as a string
             value = float(value)
@@ -153,6 +161,8 @@ def _coerce(name: str, value: Any) -> Any:
     expected = {"int": int, "float": float, "bool": bool, "str": str}[typ.split(" ")[0]]
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError(f"config key {name!r} must be {expected.__name__}, got {value!r}")
+    if expected is float and not math.isfinite(value):
+        raise ConfigError(f"config key {name!r} = {value!r} is not a finite number; use a finite value (e.g. {name}={f.default!r})")
     return value
 
 
@@ -208,8 +218,10 @@ def validate(cfg: TrainConfig) -> None:
         # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
-    if cfg.window < 2:
-        raise bad("window", "use an integer >= 2 (the paper uses 3)")
+    from rpt.rpt_config import MAX_WINDOW
+
+    if not 2 <= cfg.window <= MAX_WINDOW:
+        raise bad("window", f"use an integer in [2, {MAX_WINDOW}] (the paper uses 3)")
     for key in ("s", "q", "val_fraction", "min_lr_ratio"):
         if not 0.0 <= getattr(cfg, key) <= 1.0:
             raise bad(key, "use a value in [0, 1]")
@@ -228,6 +240,9 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("seq_len", f"sequences must be at least the window ({cfg.window}) long")
     if cfg.lr <= 0:
         raise bad("lr", "use a positive learning rate")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg, key) < 1.0:
+            raise bad(key, "use a value in [0, 1) (AdamW's moment decay)")
     if cfg.weight_decay < 0 or cfg.max_grad_norm < 0:
         raise ConfigError("config keys 'weight_decay' and 'max_grad_norm' must be >= 0 (0 disables clipping)")
     if cfg.lora is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -79,7 +80,50 @@ def model_config_keys(model_type: str) -> set[str]:
     return keys | LEGACY_MODEL_KEYS
 
 
+def model_config_defaults(model_type: str) -> dict[str, Any]:
+    """The default values of a ``transformers`` config of ``model_type`` (empty when it needs arguments)."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        return CONFIG_MAPPING[model_type]().to_dict()
+    except Exception:  # a composite config that needs its parts: nothing to compare against
+        return {}
+
+
+def _is_count(key: str) -> bool:
+    """A size or a count of layers, heads or positions: 0 or less builds no model (or fails deep inside one)."""
+    return key.startswith("num_") or key.endswith(("_size", "_layers", "_heads", "_embeddings", "head_dim"))
+
+
+def _value_problem(key: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand where the config's default is ``default`` (None: it can)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "an integer"
+        return "an integer >= 1" if value < 1 and _is_count(key) else None
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else "a finite number"
+    return None
+
+
 def check_model_keys(spec: Any) -> None:
     if isinstance(spec, dict):
-        check_keys({k: v for k, v in spec.items() if k != "model_type"}, model_config_keys(str(spec["model_type"])),
-                   f"model (a {spec['model_type']} config)")
+        model_type = str(spec["model_type"])
+        fields = {k: v for k, v in spec.items() if k != "model_type"}
+        check_keys(fields, model_config_keys(model_type), f"model (a {model_type} config)")
+        defaults = model_config_defaults(model_type)
+        for key, value in fields.items():
+            default = defaults.get(key)
+            if isinstance(value, str) and isinstance(default, float) and not isinstance(default, bool):
+                try:  # YAML 1.1 reads "1e-5" (no dot) as a string
+                    value = spec[key] = float(value)
+                except ValueError:
+                    pass
+            # A number where the config holds one ("64" would reach the model's constructor as a string).
+            problem = _value_problem(key, value, default)
+            if problem:
+                raise ConfigError(f"config key 'model.{key}' = {value!r} must be {problem} "
+                                  f"(the {model_type} config's default is {defaults[key]!r})")

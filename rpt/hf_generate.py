@@ -65,9 +65,8 @@ def sampling_config(model, kwargs: dict) -> SamplingConfig:
 
 def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
     """The RPT model on ``model``'s weights (no copy), or ``model`` itself for plain NTP sampling."""
-    from transformers.utils import cached_file
-
     from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+    from rpt.rpt_config import read_rpt_config
 
     if checkpoint is None:
         checkpoint = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -75,11 +74,8 @@ def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
         from rpt.model_ref import resolve_model_ref
 
         checkpoint = resolve_model_ref(checkpoint, "rpt_checkpoint", "give the RPT checkpoint directory")
-    config_file = None
-    if checkpoint:
-        config_file = cached_file(checkpoint, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
-                                  _raise_exceptions_for_connection_errors=False)
-    if config_file is None:
+    rpt_config = read_rpt_config(checkpoint) if checkpoint else None
+    if rpt_config is None:
         if rpt_iters == 0:
             return model
         raise ValueError(f"rpt_iters={rpt_iters} needs the offset table of an RPT checkpoint, and {checkpoint!r} has no "

@@ -11,15 +11,22 @@ A LoRA checkpoint is a standard PEFT adapter directory (``adapter_config.json`` 
 adds to *the base model's* input embedding (nothing is folded: the base is not written). A base
 built from a config spec has no path to refer to, so its (frozen) weights go to ``base/``.
 :func:`load_lora` merges the adapter for inference; :func:`merge` writes a full faithful checkpoint.
+
+The adapter only makes sense on the base it was trained on, so ``rpt_config.json`` records a
+fingerprint of that base (:func:`base_fingerprint`: the shapes and a strided sample of values of
+a few named tensors) and loading or merging onto a base that does not match is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import torch
+
+from rpt.checkpointing import CheckpointError
 
 LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "target_modules": (list, str)}
 ADAPTER_CONFIG = "adapter_config.json"
@@ -38,6 +45,8 @@ def check_section(section: Any) -> str | None:
     for key, typ in LORA_KEYS.items():
         if key in section and (not isinstance(section[key], typ) or isinstance(section[key], bool)):
             return f"{key} has the wrong type ({section[key]!r})"
+    if any(not math.isfinite(section[k]) for k in ("alpha", "dropout") if k in section):
+        return "alpha and dropout must be finite numbers"
     if int(section.get("r", 8)) < 1:
         return "r must be an integer >= 1"
     if not 0 <= float(section.get("dropout", 0.0)) < 1:
@@ -96,6 +105,54 @@ def _base_state(lm_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k.replace(".base_layer.", "."): v for k, v in lm_state.items() if "lora_" not in k}
 
 
+FINGERPRINT_SAMPLES = 64
+# A base loaded in bfloat16 or float16 (sampling does) rounds values to ~3 significant digits; a
+# different base -- another seed, another fine-tune -- differs in the first.
+FINGERPRINT_RTOL = 2e-2
+
+
+def _fingerprint_names(state: dict[str, torch.Tensor], input_key: str | None) -> list[str]:
+    """The tensors fingerprinted: the input embedding and the first and last other matrices by name."""
+    matrices = sorted(k for k, v in state.items() if v.dim() == 2 and k != input_key)
+    names = ([input_key] if input_key in state else []) + matrices[:1] + matrices[-1:]
+    return list(dict.fromkeys(names))
+
+
+def _tensor_print(t: torch.Tensor) -> dict[str, Any]:
+    flat = t.detach().reshape(-1).to("cpu", torch.float64)
+    step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+    return {"shape": list(t.shape), "sample": flat[::step][:FINGERPRINT_SAMPLES].tolist(), "abs_mean": float(flat.abs().mean())}
+
+
+def base_fingerprint(state: dict[str, torch.Tensor], input_key: str | None) -> dict[str, Any]:
+    """A fingerprint of a base model's weights ``state`` (HF names): per named tensor its shape, 64
+    values at a fixed stride and its mean absolute value. Not a hash: it must match the same base
+    loaded in another dtype."""
+    return {name: _tensor_print(state[name]) for name in _fingerprint_names(state, input_key)}
+
+
+def _close(a: float, b: float, scale: float) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= FINGERPRINT_RTOL * (abs(b) + scale)
+
+
+def check_base_fingerprint(state: dict[str, torch.Tensor], recorded: dict[str, Any], adapter: str, base: str) -> None:
+    """Refuse a base whose weights are not those the adapter was trained on (one line naming both)."""
+    for name, want in recorded.items():
+        if name not in state:
+            raise CheckpointError(f"the LoRA adapter {adapter} was trained on a base with tensor {name!r}, which the base "
+                                  f"{base} lacks: it is another model; load the adapter onto its own base")
+        have = _tensor_print(state[name])
+        if have["shape"] != want["shape"]:
+            raise CheckpointError(f"the LoRA adapter {adapter} was trained on a base whose {name} is {want['shape']}, but "
+                                  f"the base {base} has {have['shape']}: another model shape; load the adapter onto its own base")
+        scale = want["abs_mean"]
+        if not (_close(have["abs_mean"], want["abs_mean"], 0.0) and
+                all(_close(a, b, scale) for a, b in zip(have["sample"], want["sample"]))):
+            raise CheckpointError(f"the LoRA adapter {adapter} was trained on another base than {base} (its weights "
+                                  f"{name} differ from the fingerprint in its rpt_config.json); merging onto it would give a "
+                                  "model nobody trained: load the adapter onto the base it was trained on")
+
+
 def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | None,
                          state_dict: dict[str, torch.Tensor] | None = None, final_path: str | None = None) -> None:
     """Write the adapter directory (see the module docstring) into ``path``.
@@ -107,11 +164,13 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
+    from rpt.faithful import module_key
     from rpt.model import RPT_CONFIG_NAME, RPT_FORMAT_VERSION, offset_rows, save_table
 
     if state_dict is None:
         state_dict = model.state_dict()
     lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+    input_key = module_key(model.lm, model.lm.get_input_embeddings())
     adapter = get_peft_model_state_dict(model.lm, state_dict=lm_state, adapter_name="default")
     empty = [k for k, v in adapter.items() if v.numel() == 0]
     if not adapter or empty:
@@ -131,16 +190,16 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     table = state_dict["offset_embedding.weight"]
     save_table({"offset_embedding.weight": table.detach().cpu().contiguous()}, path)
     with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
+        fingerprint = base_fingerprint(_base_state(lm_state), input_key)
         json.dump({"window": model.window, "offset_rows": offset_rows(model.window), "format_version": RPT_FORMAT_VERSION,
-                   "ntp_row_folded": False, "lora": {"base": base_ref, **section}}, f, indent=2)
+                   "ntp_row_folded": False, **model.objective_record(),
+                   "lora": {"base": base_ref, **section, "base_fingerprint": fingerprint}}, f, indent=2)
 
 
-def is_lora_checkpoint(rpt_config: dict[str, Any]) -> bool:
-    return isinstance(rpt_config.get("lora"), dict)
-
-
-def load_lora(path: str, rpt_config: dict[str, Any], window: int | None = None, **hf_kwargs):
-    """An adapter directory as an :class:`~rpt.model.RPTForCausalLM` with the adapter merged in."""
+def load_lora(path: str, rpt_config, window: int | None = None, **hf_kwargs):
+    """An adapter directory (``rpt_config``: its checked :class:`~rpt.rpt_config.RPTConfig`) as an
+    :class:`~rpt.model.RPTForCausalLM` with the adapter merged in, once its base is checked to be
+    the one it was trained on."""
     try:
         from peft import PeftModel
     except ImportError:
@@ -149,10 +208,19 @@ def load_lora(path: str, rpt_config: dict[str, Any], window: int | None = None, 
 
     from rpt.model import RPTForCausalLM
 
-    base_ref = rpt_config["lora"]["base"]
+    base_ref = rpt_config.lora["base"]
     base_path = os.path.join(path, base_ref) if base_ref == BASE_SUBDIR else base_ref
     base = AutoModelForCausalLM.from_pretrained(base_path, **hf_kwargs)
-    merged = PeftModel.from_pretrained(base, path).merge_and_unload()
+    recorded = rpt_config.lora.get("base_fingerprint")
+    if isinstance(recorded, dict):
+        check_base_fingerprint(base.state_dict(), recorded, path, base_path)
+    try:
+        merged = PeftModel.from_pretrained(base, path).merge_and_unload()
+    except RuntimeError as e:  # an adapter from before fingerprints, for another base shape
+        first = str(e).strip().splitlines()
+        detail = next((line.strip() for line in first if "size mismatch" in line), first[0] if first else type(e).__name__)
+        raise CheckpointError(f"the LoRA adapter {path} does not fit the base {base_path} ({detail[:200]}): it was trained "
+                              "on another model; load it onto its own base") from None
     return RPTForCausalLM.attach_table(merged, path, window)
 
 

@@ -27,21 +27,28 @@ import os
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.utils import ModelOutput, cached_file
+from transformers.utils import ModelOutput
 
-from rpt.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED, embeddings_tied, fold_ntp_row, module_key
+from rpt.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
 from rpt.loss import linear_cross_entropy, plan_blocks
 from rpt.objective import IGNORE_INDEX
+from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
+    LEGACY_TABLE_NAME,
+    RPT_CONFIG_NAME,
+    RPT_TABLE_NAME,
+    TABLE_KEY,
+    TIED_TABLE_KEY,
+    RPTConfig,
+    offset_rows,
+    read_offset_table,
+    read_rpt_config,
+    table_path,
+)
 
-RPT_CONFIG_NAME = "rpt_config.json"
-# Not a top-level *.safetensors: weight loaders that glob the directory would read it as model weights.
-RPT_TABLE_NAME = "rpt_table/offset_embedding.safetensors"
-LEGACY_TABLE_NAME = "rpt_offset_embedding.safetensors"  # where checkpoints before the subfolder kept it
 RPT_FORMAT_VERSION = FORMAT_FOLDED
-TIED_TABLE_KEY = "offset_embedding.tied_absolute"  # the absolute table of a model saved untied from tied
 
 
 @dataclass
@@ -87,23 +94,6 @@ def _output(out, **fields) -> RPTOutput:
                      attentions=getattr(out, "attentions", None), **fields)
 
 
-def offset_rows(window: int) -> list[str]:
-    """The offset table's rows as ``rpt_config.json`` names them: ``+1`` (NTP), ``-1..-(w-1)``, ``+w``."""
-    return ["+1"] + [f"-{l}" for l in range(1, window)] + [f"+{window}"]
-
-
-def table_path(path_or_id: str | os.PathLike, **lookup) -> str:
-    """The local file of a checkpoint's offset table: :data:`RPT_TABLE_NAME`, else the top-level
-    :data:`LEGACY_TABLE_NAME` of older checkpoints. ``lookup``: ``cached_file``'s hub arguments."""
-    path_or_id = str(path_or_id)
-    for name in (RPT_TABLE_NAME, LEGACY_TABLE_NAME):
-        found = cached_file(path_or_id, name, _raise_exceptions_for_missing_entries=False, **lookup)
-        if found is not None:
-            return found
-    raise FileNotFoundError(f"{path_or_id} has {RPT_CONFIG_NAME} but no offset table ({RPT_TABLE_NAME} or "
-                            f"{LEGACY_TABLE_NAME}): copy the whole checkpoint directory, or re-save the model")
-
-
 def save_table(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> None:
     """Write the offset table into checkpoint directory ``path`` (:data:`RPT_TABLE_NAME`)."""
     target = os.path.join(path, RPT_TABLE_NAME)
@@ -145,6 +135,9 @@ class RPTForCausalLM(nn.Module):
         self.check_offsets = True
         # The loss computes float32 logits for at most this many bytes of them at a time.
         self.loss_chunk_bytes = 32 << 20
+        # The objective the model was trained with ("rpt" | "ntp"), written to rpt_config.json;
+        # None: not known (a freshly wrapped base, or a checkpoint from before the record).
+        self.objective: str | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -165,21 +158,19 @@ class RPTForCausalLM(nn.Module):
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
-        config_file = cached_file(
-            path_or_id, RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False, **lookup,
-        )
-        if config_file is not None:
-            from rpt.lora import is_lora_checkpoint, load_lora
+        rpt_config = read_rpt_config(path_or_id, **lookup)  # checked before any weight is read
+        if rpt_config is not None and window is not None:
+            from rpt.rpt_config import check_window_covers
 
-            with open(config_file) as f:
-                rpt_config = json.load(f)
-            if is_lora_checkpoint(rpt_config):  # an adapter directory (rpt.lora): merged for inference
-                model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
-                model.merged_from_lora = True
-                return model
+            check_window_covers(rpt_config.window, window, path_or_id, name="window")
+        if rpt_config is not None and rpt_config.lora is not None:  # an adapter directory (rpt.lora): merged for inference
+            from rpt.lora import load_lora
+
+            model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
+            model.merged_from_lora = True
+            return model
         base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
-        if config_file is None:
+        if rpt_config is None:
             if window is None:
                 raise ValueError(
                     f"{path_or_id} is a plain causal LM, not an RPT checkpoint (no {RPT_CONFIG_NAME}); "
@@ -197,25 +188,22 @@ class RPTForCausalLM(nn.Module):
         With ``retie`` a checkpoint of a tied-embedding model is tied again (``base`` is changed: its
         input embedding becomes the head's matrix), so the loaded model is the trained one exactly.
         """
+        from rpt.rpt_config import check_window_covers
+
         path_or_id = str(path_or_id)
-        with open(cached_file(path_or_id, RPT_CONFIG_NAME, **lookup)) as f:
-            rpt_config = json.load(f)
-        trained = int(rpt_config["window"])
-        if window is not None and window > trained:
-            raise ValueError(
-                f"window={window} is larger than the window {trained} that {path_or_id} was trained with; "
-                f"use window <= {trained} or fine-tune with window={window}"
-            )
-        version = int(rpt_config.get("format_version", FORMAT_UNFOLDED))
-        if version not in (FORMAT_UNFOLDED, FORMAT_FOLDED):
-            raise ValueError(f"{path_or_id} has RPT checkpoint format version {version}; this rpt reads versions "
-                             f"{FORMAT_UNFOLDED} and {FORMAT_FOLDED}: upgrade rpt")
+        rpt_config = read_rpt_config(path_or_id, **lookup)
+        if rpt_config is None:
+            raise ValueError(f"{path_or_id} is not an RPT checkpoint (no {RPT_CONFIG_NAME}); its offset table is needed")
+        if window is not None:
+            check_window_covers(rpt_config.window, window, path_or_id, name="window")
+        hidden = base.get_input_embeddings().embedding_dim
+        # Checked against the window and the base's hidden size before the model's table exists.
+        tensors = read_offset_table(path_or_id, rpt_config, hidden, **lookup)
         # Version 1 holds E and the absolute table, version 2 E + table[0] and table - table[0]:
         # either way embed() computes E + table[o], so both load the same way.
-        model = cls(base, trained)
-        table_file = table_path(path_or_id, **lookup)
-        tensors = load_file(table_file)
-        table = tensors["offset_embedding.weight"]
+        model = cls(base, rpt_config.window)
+        model.objective = rpt_config.objective
+        table = tensors[TABLE_KEY]
         if retie and TIED_TABLE_KEY in tensors and base.get_output_embeddings() is not None:
             # Saving untied a tied model (the head kept E, the input got E + table[0]); tie it again
             # with the absolute table, bit for bit the trained model, so that a fine-tune from it
@@ -260,10 +248,14 @@ class RPTForCausalLM(nn.Module):
         save_table(tensors, path)
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
             json.dump({"window": self.window, "offset_rows": offset_rows(self.window), "format_version": RPT_FORMAT_VERSION,
-                       "ntp_row_folded": True, "untied_embeddings": tied}, f, indent=2)
+                       "ntp_row_folded": True, "untied_embeddings": tied, **self.objective_record()}, f, indent=2)
         from rpt.hf_generate import write_custom_generate  # late: rpt.sampling imports this module
 
         write_custom_generate(path)  # model.generate(custom_generate=path, ...) runs RPT (rpt.hf_generate)
+
+    def objective_record(self) -> dict[str, str]:
+        """``{"objective": ...}`` for rpt_config.json, or nothing when it is not known."""
+        return {} if self.objective is None else {"objective": self.objective}
 
     # ---- HF-like conveniences --------------------------------------------------------------
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import sys
 from typing import Any
 
@@ -21,25 +22,33 @@ import yaml
 from tqdm.auto import tqdm
 
 from rpt.checkpointing import (
+    LEGACY_SCHEDULER_STATE,
+    CheckpointError,
+    check_plain_files,
     clear_dir,
     commit_dir,
     latest_checkpoint,
     load_data_state,
+    load_scheduler_state,
     prune_checkpoints,
-    read_trainer_state,
     save_data_state,
+    save_scheduler_state,
     temp_dir_for,
     write_json_atomic,
+    write_manifest,
 )
 from rpt.compiled_blocks import compile_blocks, eager_blocks, transformer_blocks
 from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
 from rpt.deepspeed_settings import apply_run_config, engine_precision
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model import RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
+from rpt.resume import Start, plan_start
+from rpt.rpt_config import read_rpt_config
 from rpt.run_log import RunLog, fit_warmup, step_line, summary_lines
+from rpt.run_record import append_segment, copy_segments, write_config_record
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -61,7 +70,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
         config = AutoConfig.for_model(model_type, **spec)
         base = AutoModelForCausalLM.from_config(config, **hf_kwargs)
         model = RPTForCausalLM.from_base(base, cfg.window)
-    elif os.path.isfile(os.path.join(str(source), RPT_CONFIG_NAME)):
+    elif os.path.isdir(str(source)) and read_rpt_config(source) is not None:  # checked: one reader of rpt_config.json
         # LoRA keeps the base as saved (folded, untied): its adapter's table is stored relative to it
         model = RPTForCausalLM.from_pretrained(source, window=cfg.window, retie=cfg.lora is None, **hf_kwargs)
         if model.window != cfg.window:
@@ -78,6 +87,7 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
                              f"{model.lm.get_input_embeddings().num_embeddings}; LoRA keeps the base frozen: use the "
                              "base model's tokenizer (tokenizer: null) or fine-tune without lora")
         model.lm.resize_token_embeddings(len(tokenizer))
+    model.objective = cfg.objective  # recorded in rpt_config.json: RPT decoding needs "rpt"
     if cfg.lora is not None:
         from rpt.lora import add_lora
 
@@ -326,20 +336,46 @@ def make_accelerator(cfg: TrainConfig):
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
-def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> tuple[int, int]:
-    """Load the checkpoint ``cfg.resume`` names (auto: the newest); returns its step and
-    ``data_position`` (samples read so far; ``(0, 0)``: no checkpoint)."""
-    path = latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else (None if cfg.resume == "none" else cfg.resume)
+def load_accelerator_state(accelerator, path: str) -> None:
+    """``accelerator.load_state(path)``. A checkpoint written before the scheduler was JSON holds
+    its state in ``custom_checkpoint_0.pkl``, which accelerate would unpickle without restriction;
+    nothing is registered for it, so accelerate refuses the folder -- after loading everything
+    else, as its last check -- and the scheduler is read from it as plain data instead."""
+    try:
+        accelerator.load_state(path)
+    except RuntimeError as e:
+        legacy = os.path.exists(os.path.join(path, LEGACY_SCHEDULER_STATE))
+        if not (legacy and "Number of custom checkpoints" in str(e)):
+            raise
+
+
+def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog) -> tuple[int, int]:
+    """Load the checkpoint ``start`` names (already verified and checked against the config by
+    :func:`rpt.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
+    ``(0, 0)``: no checkpoint)."""
+    path, state = start.checkpoint, start.state
     if not path:
         if accelerator.is_main_process and os.path.exists(metrics_log.path):
             os.remove(metrics_log.path)
         return 0, 0
-    state = read_trainer_state(path)
+    if not start.verified:
+        if accelerator.is_main_process:
+            print(f"note: {path} was written before checkpoints carried manifest.json: its files are not verified "
+                  "against hashes; each is read as plain data")
+        check_plain_files(path)  # a hostile or damaged pickle refused by name before accelerate reads it
     # Before load_state: a mismatch in the data is one line, not an error deep in a loader.
     data_state = load_data_state(path, accelerator.process_index, accelerator.num_processes)
     if data_state:
         train.load_state_dict(data_state)
-    accelerator.load_state(path)
+    from safetensors import SafetensorError
+
+    try:
+        load_accelerator_state(accelerator, path)
+    except (pickle.UnpicklingError, SafetensorError, RuntimeError, KeyError, OSError, EOFError, ValueError) as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: its model or optimizer state cannot be loaded into this run ({first}); "
+                              "resume from another checkpoint or resume=none") from None
+    load_scheduler_state(path, scheduler)
     step, position = int(state["step"]), int(state["data_position"])
     train.resume_at(step, position)  # a token store continues at the next unread sample
     if accelerator.is_main_process:
@@ -352,7 +388,8 @@ def resume(accelerator, cfg: TrainConfig, train, metrics_log: MetricsLog) -> tup
     return step, position
 
 
-def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, data_state: dict | None = None) -> None:
+def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, scheduler,
+                    data_state: dict | None = None) -> None:
     final_path = os.path.join(cfg.output_dir, f"checkpoint-{step}")
     tmp = temp_dir_for(final_path)
     if accelerator.is_main_process:
@@ -367,6 +404,8 @@ def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int
             "global_batch": cfg.global_batch(accelerator.num_processes),
             "data_workers": cfg.data_workers, "config": cfg.to_dict(),
         })
+        save_scheduler_state(tmp, scheduler)
+        write_manifest(tmp)  # last: the hash of every file, verified before a resume reads any
         commit_dir(tmp, final_path)
         prune_checkpoints(cfg.output_dir, cfg.keep_last)
     accelerator.wait_for_everyone()
@@ -388,6 +427,7 @@ def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "training_config.yaml"), "w") as f:
             yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+        copy_segments(cfg.output_dir, tmp)  # how these weights were trained: each invocation's steps and changes
         commit_dir(tmp, final_path)
     accelerator.wait_for_everyone()
 
@@ -406,10 +446,14 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     from accelerate.utils import set_seed
 
     cfg, warmup_note = fit_warmup(cfg)
+    if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
+        raise ConfigError(f"config key 'output_dir' = {cfg.output_dir!r} is a file, not a directory; name a directory")
     os.makedirs(cfg.output_dir, exist_ok=True)
     accelerator = make_accelerator(cfg)
     check_backend(accelerator, cfg)
     main, world, rank = accelerator.is_main_process, accelerator.num_processes, accelerator.process_index
+    # Before any data, model or file is made: a refused resume costs nothing and rewrites nothing.
+    start = plan_start(cfg, accelerator, deepspeed=getattr(accelerator.state, "deepspeed_plugin", None) is not None)
     set_seed(cfg.seed)
 
     with accelerator.main_process_first():  # the main process writes tokenizers and token stores first
@@ -431,9 +475,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     configure_deepspeed(accelerator, cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
-    # step it once per process); checkpointed through register_for_checkpointing.
+    # step it once per process); checkpointed as JSON (rpt.checkpointing), never as a pickle.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    accelerator.register_for_checkpointing(scheduler)
     ran = trained_precision(accelerator, model)
     if ran != cfg.precision:
         raise ConfigError(f"config key 'precision' is {cfg.precision} but the backend trains in {ran} (the accelerate "
@@ -446,7 +489,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     global_batch = cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-    start_step, start_position = resume(accelerator, cfg, train, metrics_log)
+    start_step, start_position = resume(accelerator, cfg, start, train, scheduler, metrics_log)
     run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
     backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if getattr(accelerator.state, "deepspeed_plugin", None)
                else "DDP" if world > 1 else "single process")
@@ -455,9 +498,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                                   start_position=start_position, warmup_note=warmup_note))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
-    if main:
-        with open(os.path.join(cfg.output_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.run_record)
+        write_config_record(cfg)
+        append_segment(cfg, start_step, start.changed, start.checkpoint)
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     if not sys.stderr.isatty():  # no bars in a captured log: train.log's lines say the same
@@ -487,6 +530,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             meter.add(out)
+        stop_if_not_finite(accelerator, meter, step, cfg, bar)
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         speed.add(global_batch * cfg.seq_len)
@@ -517,7 +561,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             speed.restart()  # evaluation and logging time is not training throughput
 
         if step % cfg.save_every == 0 or step == cfg.max_steps:
-            save_checkpoint(accelerator, cfg, step, position, train.state_dict())
+            save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict())
             speed.restart()
     bar.close()
 
@@ -535,6 +579,25 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return last
+
+
+class TrainingDiverged(ValueError):
+    """The training loss became NaN or inf: the run stops (its last checkpoint is kept)."""
+
+
+def stop_if_not_finite(accelerator, meter: LossMeter, step: int, cfg: TrainConfig, bar=None) -> None:
+    """Stop every rank together when any rank's loss this step is not finite (a reduced flag, so
+    no rank is left waiting in the next collective); nothing of this step is saved."""
+    bad = (~torch.isfinite(meter.loss)).to(torch.float32).reshape(1)
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad, "max")
+    if float(bad) > 0:
+        if bar is not None:
+            bar.close()  # the error goes on a line of its own, after the progress bar's
+        kept = latest_checkpoint(cfg.output_dir)
+        raise TrainingDiverged(f"the training loss became NaN or inf at step {step}; the run stopped without saving that "
+                               f"step ({f'last good checkpoint: {kept}' if kept else 'no checkpoint was written yet'}): start "
+                               "a new run (another output_dir) with a lower 'lr' or max_grad_norm > 0, or check the data")
 
 
 def progress_line(row: dict[str, Any]) -> str:

@@ -128,3 +128,30 @@ def test_package_registers_the_model_through_the_lm_eval_entry_point():
     from lm_eval.api.registry import get_model
 
     assert get_model("rpt") is cls  # the same class the import registers for lm-eval <= 0.4.13
+
+
+@pytest.mark.parametrize("args, key", [
+    ({"rpt_iters": 1.7}, "rpt_iters"), ({"ptp_greedy": "ture"}, "ptp_greedy"), ({"batch_size": "many"}, "batch_size"),
+    ({"dtype": "float64"}, "dtype"), ({"max_length": -4}, "max_length"), ({"device": "tpu9"}, "device"),
+    ({"confidence": 2.0}, "confidence"),
+])
+def test_bad_model_args_are_named_before_loading(tmp_path, args, key):
+    from rpt.evaluation.lm_eval_adapter import RPTLM
+
+    # a checkpoint that does not exist: each bad argument is reported before anything is loaded
+    with pytest.raises(ValueError, match=key):
+        RPTLM(pretrained=str(tmp_path / "absent"), **args)
+
+
+@pytest.mark.slow  # three lm-eval start-ups
+def test_lm_eval_errors_are_one_line(ckpt, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    for model_args, task, expected in ((f"pretrained={ckpt},rpt_iters=1.7", "gsm8k_local", "rpt_iters=1.7"),
+                                       ("rpt_iters=1", "gsm8k_local", "pretrained"),
+                                       (f"pretrained={ckpt}", "no_such_task", "no_such_task")):
+        cmd = [sys.executable, str(ROOT / "eval" / "lm_eval.py"), "--model", "rpt", "--model_args", model_args,
+               "--tasks", task, "--include_path", str(ROOT / "eval" / "lm_eval_tasks"), "--limit", "1"]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+        assert expected in line

@@ -8,6 +8,9 @@
 and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
 ``confidence``, ``ptp_greedy``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``lz_penalty``,
 ``repetition_penalty``, ``token_healing``, ``seed``, ...; ``stop`` joins strings with ``|``).
+Each is parsed strictly (:mod:`rpt.evaluation.model_args`): integers as integers (``rpt_iters=1.7``
+is an error), booleans as ``true`` / ``false``, ``batch_size`` an integer >= 1 or ``auto`` (8),
+unknown keys refused, each error one line naming the key, before the checkpoint is loaded.
 
 ``generate_until``: a task's ``until`` strings are added to the stop strings, ``max_gen_toks`` is
 ``max_new_tokens``; the task's ``temperature`` / ``do_sample`` apply unless ``model_args`` set a
@@ -21,7 +24,6 @@ the model.
 from __future__ import annotations
 
 import dataclasses
-import typing
 
 import torch
 import torch.nn.functional as F
@@ -29,50 +31,32 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from rpt.evaluation.generation import generate_texts, load_checkpoint
+from rpt.evaluation.model_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.loading import check_checkpoint
-
-_FIELDS = {f.name: f for f in dataclasses.fields(SamplingConfig)}
-
-
-def _coerce(name: str, value):
-    """A ``model_args`` value (lm-eval already turned numbers and booleans into Python values)
-    as the type of SamplingConfig field ``name``."""
-    if name == "stop":
-        return [s for s in str(value).split("|") if s] if isinstance(value, str) else list(value)
-    if name == "eos_token_id":
-        return int(value) if value is not None else None
-    hint = typing.get_type_hints(SamplingConfig)[name]
-    if hint is bool:
-        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if hint is int:
-        return int(value)
-    if hint is float:
-        return float(value)
-    if name == "seed":
-        return None if value in (None, "None", "") else int(value)
-    return value
+from rpt.sampling.loading import check_checkpoint, check_device
 
 
 @register_model("rpt")
 class RPTLM(LM):
     """lm-eval's ``LM`` over an RPT checkpoint."""
 
-    def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32", batch_size: int | str = 8,
+    def __init__(self, pretrained: str | None = None, device: str = "cpu", dtype: str = "float32", batch_size: int | str = 8,
                  max_length: int | None = None, **sampling) -> None:
         super().__init__()
-        unknown = sorted(set(sampling) - set(_FIELDS))
-        if unknown:
-            raise ValueError(f"model_args {', '.join(unknown)} are not SamplingConfig fields "
-                             f"(known: {', '.join(_FIELDS)})")
-        self.knobs = {name: _coerce(name, value) for name, value in sampling.items()}
+        # Every argument checked before the checkpoint is loaded (rpt.evaluation.model_args).
+        if not pretrained:
+            raise ModelArgsError("--model_args needs pretrained=<checkpoint directory> (an RPT checkpoint, or a plain "
+                                 "causal LM with rpt_iters=0)")
+        self.knobs = sampling_knobs(sampling)
+        dtype, self.batch_size, max_length = dtype_of(dtype), batch_size_of(batch_size), max_length_of(max_length)
         device = str(device or "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"  # lm-eval's command line passes --device cuda by default
+        check_device(device, flag="device")
+        SamplingConfig(**self.knobs)  # a bad knob is named before loading
         self.model, self.tokenizer, self.window = load_checkpoint(str(pretrained), device, dtype)
         self.config = SamplingConfig(**{"eos_token_id": self.tokenizer.eos_token_id, **self.knobs})
         check_checkpoint(self.window, self.config, str(pretrained))
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_length = int(max_length or getattr(self.model.config, "max_position_embeddings", 2048))
         self._device = torch.device(device)
 

@@ -22,8 +22,9 @@ def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
-_INT_RULES = (
-    (("max_new_tokens", "rpt_window", "lz_window", "lz_buffer"), 1, "use an integer >= 1"),
+_INT_RULES = (  # one rule per field
+    (("max_new_tokens", "lz_window", "lz_buffer"), 1, "use an integer >= 1"),
+    (("rpt_window",), 2, "RPT revisits at least one previous token: use an integer >= 2 (2 or 3)"),
     (("top_k", "rpt_iters"), 0, "use an integer >= 0 (0 turns it off)"),
 )
 _RANGE_RULES = (
@@ -81,8 +82,6 @@ class SamplingConfig:
             for name in names:
                 if not _is_int(getattr(self, name)) or getattr(self, name) < low:
                     raise self._bad(name, fix)
-        if self.rpt_window < 2:
-            raise self._bad("rpt_window", "RPT revisits at least one previous token; use 2 or 3")
         for name in _FLOAT_KNOBS:
             if not _is_real(getattr(self, name)):
                 raise self._bad(name, "use a finite number")

@@ -6,18 +6,45 @@ and reports a bad one with the same message.
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.sampling.config import SamplingConfig
 
 
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def check_device(name: str, flag: str = "--device") -> str:
+    """``name`` as a device this machine has (checked before anything is loaded): a string torch
+    does not read, a kind of device the sampler does not run on, or an absent accelerator is one
+    ``ValueError`` naming ``flag``."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag} {name!r} is not a device; use cpu, cuda, cuda:N or mps") from None
+    if device.type not in _DEVICE_TYPES:
+        raise ValueError(f"{flag} {name!r} is not a device the sampler runs on; use one of {', '.join(_DEVICE_TYPES)}")
+    if device.type == "cpu":
+        return name
+    backend = getattr(torch, device.type, None) if device.type != "mps" else torch.backends.mps
+    if backend is None or not backend.is_available():
+        cpu = f"{flag} cpu" if flag.startswith("--") else f"{flag}=cpu"
+        raise ValueError(f"{flag} {name!r} asks for {device.type}, but this machine has no {device.type} device visible; "
+                         f"use {cpu}")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"{flag} {name!r} names {device.type} device {device.index}, but {count} are visible; use an "
+                         f"index below {count}")
+    return name
 
 
 def load_tokenizer(checkpoint: str):
@@ -33,32 +60,34 @@ def load_tokenizer(checkpoint: str):
         raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {_first_line(e)}") from None
 
 
+def read_checkpoint_config(checkpoint: str) -> RPTConfig | None:
+    """The checkpoint's checked ``rpt_config.json`` (read before loading), or None for a plain causal LM."""
+    return read_rpt_config(os.path.expanduser(checkpoint))
+
+
 def rpt_window_of(checkpoint: str) -> int | None:
     """The trained window of an RPT checkpoint, or None for a plain causal LM (read before loading)."""
-    from transformers.utils import cached_file
-
-    path = cached_file(os.path.expanduser(checkpoint), RPT_CONFIG_NAME, _raise_exceptions_for_missing_entries=False,
-                       _raise_exceptions_for_connection_errors=False)
-    if path is None:
-        return None
-    with open(path) as f:
-        return int(json.load(f)["window"])
+    config = read_checkpoint_config(checkpoint)
+    return None if config is None else config.window
 
 
-def check_checkpoint(window: int | None, config: SamplingConfig, checkpoint: str) -> None:
-    """RPT sampling needs an RPT checkpoint whose trained window covers ``rpt_window``."""
+def check_checkpoint(window: int | RPTConfig | None, config: SamplingConfig, checkpoint: str) -> None:
+    """RPT sampling needs an RPT checkpoint trained with the RPT objective whose trained window
+    covers ``rpt_window``. ``window``: the checkpoint's :class:`RPTConfig` (or its trained window,
+    then the record is read from ``checkpoint``); None for a plain causal LM."""
     if config.rpt_iters == 0:
         return
     if window is None:
         raise ValueError(f"{checkpoint} is not an RPT checkpoint (no {RPT_CONFIG_NAME}); --rpt-iters {config.rpt_iters} "
                          "needs a model fine-tuned with RPT. Use --rpt-iters 0 for plain next-token sampling")
-    if config.rpt_window > window:
-        raise ValueError(f"--rpt-window {config.rpt_window} is larger than the window {window} that {checkpoint} "
-                         f"was trained with; use --rpt-window {window} or less")
+    record = window if isinstance(window, RPTConfig) else read_checkpoint_config(checkpoint)
+    trained = window.window if isinstance(window, RPTConfig) else int(window)
+    check_window_covers(trained, config.rpt_window, checkpoint, name="--rpt-window")
+    check_rpt_objective(record.objective if record is not None else None, config.rpt_iters, checkpoint, name="--rpt-iters")
 
 
-def load_model(checkpoint: str, window: int | None, device: str, dtype: torch.dtype):
-    """The RPT model (or the plain causal LM, for NTP sampling) in eval mode on ``device``."""
+def load_model(checkpoint: str, window: int | RPTConfig | None, device: str, dtype: torch.dtype):
+    """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

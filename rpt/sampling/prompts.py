@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from rpt.model import RPTForCausalLM
+from rpt.rpt_config import check_rpt_objective, check_window_covers
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenVocabulary, heal_prompt
 
@@ -22,7 +23,7 @@ class Prompts:
 
 
 def check_model(model, config: SamplingConfig) -> None:
-    """An RPT model (or any causal LM for plain NTP) whose trained window covers ``rpt_window``."""
+    """An RPT model (or any causal LM for plain NTP) trained with RPT whose window covers ``rpt_window``."""
     if not isinstance(model, RPTForCausalLM):
         if config.rpt_iters > 0:
             raise ValueError(
@@ -30,11 +31,10 @@ def check_model(model, config: SamplingConfig) -> None:
                 f"got {type(model).__name__}. Use rpt_iters=0 for plain next-token sampling"
             )
         return
-    if config.rpt_iters > 0 and config.rpt_window > model.window:
-        raise ValueError(
-            f"rpt_window={config.rpt_window} is larger than the window {model.window} the model was trained with; "
-            f"use rpt_window <= {model.window}"
-        )
+    if config.rpt_iters > 0:
+        check_window_covers(model.window, config.rpt_window, "the model")
+        # a model whose objective is unknown (wrapped here, or loaded from an old checkpoint) decodes as asked
+        check_rpt_objective(model.objective, config.rpt_iters, "the model", announce_unknown=False)
 
 
 def rpt_iterations(model, config: SamplingConfig) -> int:

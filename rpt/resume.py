@@ -1,0 +1,70 @@
+"""Where a run starts: the checkpoint to resume (verified and checked against the config) or none.
+
+Decided before the data, the model or the optimizer is built, so a refused resume costs nothing
+and writes nothing. Every process reaches the same decision: the manifest is verified by the
+main process (hashing a large checkpoint once, not once per rank) and its verdict broadcast, so
+no rank loads a checkpoint another refused (a rank left alone in a collective would hang).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpt.checkpointing import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
+from rpt.config import ConfigError, TrainConfig
+from rpt.run_record import check_fresh_start, check_resume
+
+
+@dataclass
+class Start:
+    checkpoint: str | None  # None: train from step 0
+    state: dict[str, Any] = field(default_factory=dict)  # its trainer_state.json
+    changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # resumable keys this invocation changes
+    verified: bool = False  # its files matched its manifest
+
+
+def _checkpoint_path(cfg: TrainConfig) -> str | None:
+    if cfg.resume == "none":
+        return None
+    return latest_checkpoint(cfg.output_dir) if cfg.resume == "auto" else cfg.resume
+
+
+def _verify(path: str, deepspeed: bool) -> bool:
+    if verify_manifest(path):
+        return True
+    if deepspeed:
+        # DeepSpeed's engine unpickles its files with weights_only=False: unverified, they could run code.
+        raise CheckpointError(f"{path} has no manifest.json (written before rpt recorded file hashes); DeepSpeed "
+                              "unpickles checkpoint files without restriction, so it is not resumed unverified: "
+                              "resume it without DeepSpeed once (every read there is weights_only), or resume=none")
+    return False
+
+
+def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
+    """The checkpoint this run continues from, checked; a :class:`ConfigError` / :class:`CheckpointError`
+    (one line naming the file or key) on every rank when it must not be resumed."""
+    from accelerate.utils import broadcast_object_list
+
+    path = _checkpoint_path(cfg)
+    verdict: list[Any] = [None]
+    if accelerator.is_main_process:
+        try:
+            verdict[0] = ("ok", _verify(path, deepspeed)) if path else ("ok", False)
+        except (CheckpointError, OSError) as e:
+            verdict[0] = ("error", str(e))
+    if accelerator.num_processes > 1:
+        broadcast_object_list(verdict)
+    kind, value = verdict[0]
+    if kind == "error":
+        raise CheckpointError(value)
+    if not path:
+        return Start(None, changed=check_fresh_start(cfg))
+    state = read_trainer_state(path)
+    finished = os.path.isdir(os.path.join(cfg.output_dir, "final")) and state["step"] == state["config"].get("max_steps")
+    changed = check_resume(state["config"], cfg, state["step"], path, finished)
+    return Start(path, state, changed, verified=value)
+
+
+__all__ = ["Start", "plan_start", "ConfigError", "CheckpointError"]
