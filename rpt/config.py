@@ -17,9 +17,8 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A bad configuration: the message names the key and the fix."""
+from rpt.config_errors import ConfigError
+from rpt.config_keys import check_lora_section, check_model_keys, check_source_keys, check_tokenizer_keys
 
 
 def report_input_error(exc: Exception) -> int:
@@ -198,9 +197,10 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
-    from rpt.config_keys import check_model_keys, check_source_keys, check_tokenizer_keys
-    from rpt.data.errors import DataError
-    from rpt.data.sources import check_sources
+    from rpt.data.errors import (
+        DataError,  # late: rpt.data's package imports torch and datasets (--help stays light)
+    )
+    from rpt.data.sources import check_sources  # late: as above
 
     try:
         check_sources(cfg.data, "data")
@@ -218,7 +218,7 @@ def validate(cfg: TrainConfig) -> None:
         # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
-    from rpt.rpt_config import MAX_WINDOW
+    from rpt.rpt_config import MAX_WINDOW  # late: rpt.rpt_config imports torch (through rpt.faithful)
 
     if not 2 <= cfg.window <= MAX_WINDOW:
         raise bad("window", f"use an integer in [2, {MAX_WINDOW}] (the paper uses 3)")
@@ -246,9 +246,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.weight_decay < 0 or cfg.max_grad_norm < 0:
         raise ConfigError("config keys 'weight_decay' and 'max_grad_norm' must be >= 0 (0 disables clipping)")
     if cfg.lora is not None:
-        from rpt.lora import check_section
-
-        problem = check_section(cfg.lora)
+        problem = check_lora_section(cfg.lora)
         if problem:
             raise ConfigError(f"config key 'lora' = {cfg.lora!r} is invalid: {problem}")
     if cfg.resume not in ("auto", "none") and not os.path.isdir(cfg.resume):

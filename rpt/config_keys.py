@@ -5,7 +5,8 @@ train split, ``hiden_size: 64`` building the model type's default shape).
 * data / val_data sources: the keys :mod:`rpt.data.sources` reads, per kind of source;
 * ``tokenizer: {train_bpe: {...}}``;
 * ``model: {model_type: ..., ...}``: the attributes of that model type's ``transformers`` config
-  class (its ``__init__`` arguments, its defaults, its attribute aliases).
+  class (its ``__init__`` arguments, its defaults, its attribute aliases);
+* ``lora: {r, alpha, dropout, target_modules}``: :func:`check_lora_section` (the section :mod:`rpt.lora` reads).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from rpt.config import ConfigError
+from rpt.config_errors import ConfigError
 
 COMMON_SOURCE_KEYS = {"weight"}
 TEXT_SOURCE_KEYS = {"text_field", "streaming"}
@@ -127,3 +128,30 @@ def check_model_keys(spec: Any) -> None:
             if problem:
                 raise ConfigError(f"config key 'model.{key}' = {value!r} must be {problem} "
                                   f"(the {model_type} config's default is {defaults[key]!r})")
+
+
+LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "target_modules": (list, str)}
+
+
+def check_lora_section(section: Any) -> str | None:
+    """The problem with a config's ``lora:`` mapping, or None when it is fine."""
+    if not isinstance(section, dict):
+        return "use a mapping, e.g. lora: {r: 8, alpha: 16, dropout: 0.05, target_modules: [q_proj, v_proj]}"
+    unknown = sorted(set(section) - set(LORA_KEYS))
+    if unknown:
+        return f"unknown key {unknown[0]!r}; known: {', '.join(LORA_KEYS)}"
+    for key, typ in LORA_KEYS.items():
+        if key in section and (not isinstance(section[key], typ) or isinstance(section[key], bool)):
+            return f"{key} has the wrong type ({section[key]!r})"
+    if any(not math.isfinite(section[k]) for k in ("alpha", "dropout") if k in section):
+        return "alpha and dropout must be finite numbers"
+    if int(section.get("r", 8)) < 1:
+        return "r must be an integer >= 1"
+    if not 0 <= float(section.get("dropout", 0.0)) < 1:
+        return "dropout must be in [0, 1)"
+    if float(section.get("alpha", 16)) <= 0:
+        return "alpha must be > 0"
+    targets = section.get("target_modules", "all-linear")
+    if isinstance(targets, list) and not (targets and all(isinstance(t, str) and t for t in targets)):
+        return "target_modules must be a non-empty list of module names or 'all-linear'"
+    return None

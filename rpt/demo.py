@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rpt.config import load_config
 from rpt.evaluation.report import markdown_table, write_json
 from rpt.evaluation.seeds import seed_study
 from rpt.metrics import read_metrics
@@ -211,8 +212,12 @@ def _side_by_side(stages: Stages, runs: dict[str, tuple[list[str], Path, Any]]) 
 
 
 def _corpus(out: Path) -> dict:
-    from rpt.config import load_config
-    from rpt.data import build_packed, load_or_train_tokenizer, stdlib_files, stdlib_texts
+    from rpt.data import (  # late: torch stays out of the demo's parent process
+        build_packed,
+        load_or_train_tokenizer,
+        stdlib_files,
+        stdlib_texts,
+    )
 
     cfg = load_config(str(ROOT / "configs/tiny.yaml"))
     tok = load_or_train_tokenizer(cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir, None)

@@ -1,7 +1,7 @@
 """RPT sampling behind ``model.generate(custom_generate=<checkpoint>, trust_remote_code=True, ...)``.
 
 transformers runs ``custom_generate/generate.py`` of a checkpoint directory (or hub repo) in place
-of its own ``generate``; every RPT checkpoint carries one (:func:`write_custom_generate`) that
+of its own ``generate``; every RPT checkpoint carries one (:func:`rpt.custom_generate.write_custom_generate`) that
 calls :func:`generate` here. The model is the plain HF model (``AutoModelForCausalLM``); its
 checkpoint's offset table (:mod:`rpt.faithful`) turns it back into the RPT model, sharing its
 weights, and :func:`rpt.sampling.generate` decodes: token for token what the package's own API
@@ -21,26 +21,20 @@ new tokens); a ``generation_config=`` argument, beams or logits processors are e
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
 
 import torch
 
+from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model_ref import resolve_model_ref
+from rpt.rpt_config import read_rpt_config
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.fast_decoder import generate as rpt_generate
+from rpt.sampling.loading import check_checkpoint
 
 _FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 # Arguments transformers' generate forwards on every call; they carry nothing RPT uses.
 _HF_IGNORED = {"pad_token_id", "use_cache", "synced_gpus", "use_model_defaults",
                "output_scores", "output_logits", "do_sample"}
-TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "custom_generate")
-
-
-def write_custom_generate(checkpoint: str) -> None:
-    """Copy ``custom_generate/{generate.py,requirements.txt}`` into a checkpoint directory."""
-    target = os.path.join(checkpoint, "custom_generate")
-    os.makedirs(target, exist_ok=True)
-    for name in ("generate.py", "requirements.txt"):
-        shutil.copyfile(os.path.join(TEMPLATE_DIR, name), os.path.join(target, name))
 
 
 def sampling_config(model, kwargs: dict) -> SamplingConfig:
@@ -65,14 +59,9 @@ def sampling_config(model, kwargs: dict) -> SamplingConfig:
 
 def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
     """The RPT model on ``model``'s weights (no copy), or ``model`` itself for plain NTP sampling."""
-    from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
-    from rpt.rpt_config import read_rpt_config
-
     if checkpoint is None:
         checkpoint = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     else:
-        from rpt.model_ref import resolve_model_ref
-
         checkpoint = resolve_model_ref(checkpoint, "rpt_checkpoint", "give the RPT checkpoint directory")
     rpt_config = read_rpt_config(checkpoint) if checkpoint else None
     if rpt_config is None:
@@ -87,9 +76,6 @@ def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor 
              attention_mask: torch.Tensor | None = None, streamer=None, tokenizer=None,
              rpt_checkpoint: str | None = None, return_dict_in_generate: bool | None = None, **kwargs):
     """``model.generate``'s replacement; see the module docstring."""
-    from rpt.sampling.fast_decoder import generate as rpt_generate
-    from rpt.sampling.loading import check_checkpoint
-
     ids = input_ids if input_ids is not None else inputs
     if ids is None:
         raise ValueError("pass the prompt token ids as input_ids (a [batch, T] LongTensor, left-padded with attention_mask)")

@@ -25,38 +25,24 @@ import os
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rpt.checkpointing import CheckpointError
+from rpt.checkpointing import CheckpointError, clear_dir, commit_dir, temp_dir_for
+from rpt.faithful import module_key
+from rpt.model import (
+    RPT_CONFIG_NAME,
+    RPT_FORMAT_VERSION,
+    RPTForCausalLM,
+    offset_rows,
+    register_checkpoint_loader,
+    save_table,
+)
 
-LORA_KEYS = {"r": int, "alpha": (int, float), "dropout": (int, float), "target_modules": (list, str)}
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 BASE_SUBDIR = "base"
 _PREFIX = "base_model.model."  # PEFT's key prefix in a saved adapter (PeftModel -> LoraModel -> model)
-
-
-def check_section(section: Any) -> str | None:
-    """The problem with a config's ``lora:`` mapping, or None when it is fine."""
-    if not isinstance(section, dict):
-        return "use a mapping, e.g. lora: {r: 8, alpha: 16, dropout: 0.05, target_modules: [q_proj, v_proj]}"
-    unknown = sorted(set(section) - set(LORA_KEYS))
-    if unknown:
-        return f"unknown key {unknown[0]!r}; known: {', '.join(LORA_KEYS)}"
-    for key, typ in LORA_KEYS.items():
-        if key in section and (not isinstance(section[key], typ) or isinstance(section[key], bool)):
-            return f"{key} has the wrong type ({section[key]!r})"
-    if any(not math.isfinite(section[k]) for k in ("alpha", "dropout") if k in section):
-        return "alpha and dropout must be finite numbers"
-    if int(section.get("r", 8)) < 1:
-        return "r must be an integer >= 1"
-    if not 0 <= float(section.get("dropout", 0.0)) < 1:
-        return "dropout must be in [0, 1)"
-    if float(section.get("alpha", 16)) <= 0:
-        return "alpha must be > 0"
-    targets = section.get("target_modules", "all-linear")
-    if isinstance(targets, list) and not (targets and all(isinstance(t, str) and t for t in targets)):
-        return "target_modules must be a non-empty list of module names or 'all-linear'"
-    return None
 
 
 def lora_config(section: dict[str, Any]):
@@ -161,11 +147,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
     ``state_dict`` (keys as in ``model.state_dict()``): gathered ZeRO-3 weights. ``final_path``: where
     ``path`` will be renamed to (an atomic write), for the adapter config's absolute base path.
     """
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    from rpt.faithful import module_key
-    from rpt.model import RPT_CONFIG_NAME, RPT_FORMAT_VERSION, offset_rows, save_table
+    from peft import get_peft_model_state_dict  # late: peft is an optional dependency (LoRA runs only)
 
     if state_dict is None:
         state_dict = model.state_dict()
@@ -204,9 +186,6 @@ def load_lora(path: str, rpt_config, window: int | None = None, **hf_kwargs):
         from peft import PeftModel
     except ImportError:
         raise ImportError(f"{path} is a LoRA checkpoint; loading it needs peft: pip install peft") from None
-    from transformers import AutoModelForCausalLM
-
-    from rpt.model import RPTForCausalLM
 
     base_ref = rpt_config.lora["base"]
     base_path = os.path.join(path, base_ref) if base_ref == BASE_SUBDIR else base_ref
@@ -226,10 +205,6 @@ def load_lora(path: str, rpt_config, window: int | None = None, **hf_kwargs):
 
 def merge(adapter_dir: str, out_dir: str) -> str:
     """Write ``adapter_dir`` merged into its base as a full faithful RPT checkpoint (atomically)."""
-    from transformers import AutoTokenizer
-
-    from rpt.checkpointing import clear_dir, commit_dir, temp_dir_for
-    from rpt.model import RPTForCausalLM
 
     model = RPTForCausalLM.from_pretrained(adapter_dir)
     if not getattr(model, "merged_from_lora", False):
@@ -243,3 +218,6 @@ def merge(adapter_dir: str, out_dir: str) -> str:
         pass  # an adapter trained without a saved tokenizer: the base's applies
     commit_dir(tmp, out_dir)
     return out_dir
+
+
+register_checkpoint_loader("lora", load_lora)  # RPTForCausalLM.from_pretrained of an adapter directory

@@ -22,8 +22,10 @@ still load here.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +34,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from rpt.custom_generate import write_custom_generate
 from rpt.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
 from rpt.loss import linear_cross_entropy, plan_blocks
 from rpt.objective import IGNORE_INDEX
@@ -42,6 +45,7 @@ from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format'
     TABLE_KEY,
     TIED_TABLE_KEY,
     RPTConfig,
+    check_window_covers,
     offset_rows,
     read_offset_table,
     read_rpt_config,
@@ -49,6 +53,26 @@ from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format'
 )
 
 RPT_FORMAT_VERSION = FORMAT_FOLDED
+
+# Checkpoint kinds whose loader sits above this module (it builds an RPTForCausalLM, so it imports
+# this one), by the rpt_config.json section that marks the kind -> the module that registers the
+# loader when imported (register_checkpoint_loader). Named, not imported, as transformers' auto
+# classes name a model type's module: a static import here would be an import cycle.
+CHECKPOINT_LOADER_MODULES = {"lora": "rpt.lora"}
+_checkpoint_loaders: dict[str, Callable[..., RPTForCausalLM]] = {}
+
+
+def register_checkpoint_loader(kind: str, loader: Callable[..., RPTForCausalLM]) -> None:
+    """Make ``RPTForCausalLM.from_pretrained`` load checkpoints whose ``rpt_config.json`` has a
+    ``kind`` section with ``loader(path, rpt_config, window, **hf_kwargs)``."""
+    _checkpoint_loaders[kind] = loader
+
+
+def checkpoint_loader(kind: str) -> Callable[..., RPTForCausalLM]:
+    """The registered loader of checkpoint ``kind``, its module imported on first use."""
+    if kind not in _checkpoint_loaders:
+        importlib.import_module(CHECKPOINT_LOADER_MODULES[kind])  # its import registers the loader
+    return _checkpoint_loaders[kind]
 
 
 @dataclass
@@ -160,13 +184,9 @@ class RPTForCausalLM(nn.Module):
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
         rpt_config = read_rpt_config(path_or_id, **lookup)  # checked before any weight is read
         if rpt_config is not None and window is not None:
-            from rpt.rpt_config import check_window_covers
-
             check_window_covers(rpt_config.window, window, path_or_id, name="window")
         if rpt_config is not None and rpt_config.lora is not None:  # an adapter directory (rpt.lora): merged for inference
-            from rpt.lora import load_lora
-
-            model = load_lora(path_or_id, rpt_config, window, **hf_kwargs)
+            model = checkpoint_loader("lora")(path_or_id, rpt_config, window, **hf_kwargs)
             model.merged_from_lora = True
             return model
         base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
@@ -188,8 +208,6 @@ class RPTForCausalLM(nn.Module):
         With ``retie`` a checkpoint of a tied-embedding model is tied again (``base`` is changed: its
         input embedding becomes the head's matrix), so the loaded model is the trained one exactly.
         """
-        from rpt.rpt_config import check_window_covers
-
         path_or_id = str(path_or_id)
         rpt_config = read_rpt_config(path_or_id, **lookup)
         if rpt_config is None:
@@ -249,8 +267,6 @@ class RPTForCausalLM(nn.Module):
         with open(os.path.join(path, RPT_CONFIG_NAME), "w") as f:
             json.dump({"window": self.window, "offset_rows": offset_rows(self.window), "format_version": RPT_FORMAT_VERSION,
                        "ntp_row_folded": True, "untied_embeddings": tied, **self.objective_record()}, f, indent=2)
-        from rpt.hf_generate import write_custom_generate  # late: rpt.sampling imports this module
-
         write_custom_generate(path)  # model.generate(custom_generate=path, ...) runs RPT (rpt.hf_generate)
 
     def objective_record(self) -> dict[str, str]:

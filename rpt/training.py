@@ -41,6 +41,7 @@ from rpt.compiled_blocks import compile_blocks, eager_blocks, transformer_blocks
 from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
 from rpt.deepspeed_settings import apply_run_config, engine_precision
+from rpt.lora import add_lora, parameter_line, save_lora_checkpoint
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
 from rpt.model import RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
@@ -89,8 +90,6 @@ def build_model(cfg: TrainConfig, tokenizer) -> RPTForCausalLM:
         model.lm.resize_token_embeddings(len(tokenizer))
     model.objective = cfg.objective  # recorded in rpt_config.json: RPT decoding needs "rpt"
     if cfg.lora is not None:
-        from rpt.lora import add_lora
-
         add_lora(model, cfg.lora)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -419,8 +418,6 @@ def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
     if accelerator.is_main_process:
         clear_dir(tmp)
         if cfg.lora is not None:
-            from rpt.lora import save_lora_checkpoint
-
             save_lora_checkpoint(accelerator.unwrap_model(model), tmp, cfg.lora, lora_base(cfg), state, final_path)
         else:
             accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
@@ -463,8 +460,6 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
     model = build_model(cfg, tokenizer)
     if main and cfg.lora is not None:
-        from rpt.lora import parameter_line
-
         print(parameter_line(model), flush=True)
     if main and cfg.compile:
         print(f"compile: {len(transformer_blocks(model))} transformer blocks compiled with {cfg.compile_backend} "

@@ -2,15 +2,18 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rpt.lora import add_lora, check_section, save_lora_checkpoint
+from rpt.config_keys import check_lora_section
+from rpt.lora import add_lora, save_lora_checkpoint
 from rpt.model import RPT_TABLE_NAME, RPTForCausalLM
 from rpt.objective import make_rpt_batch
-from tests.scripts import load_script
+from tests.scripts import ROOT, load_script
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import run_train, write_config
 
@@ -72,12 +75,30 @@ def test_adapter_directory_round_trip_and_merge(tmp_path, builder, section):
         assert (plain(x).logits - ntp).abs().max() < 1e-4
 
 
+def test_from_pretrained_loads_an_adapter_without_importing_rpt_lora(tmp_path):
+    """rpt.model does not import rpt.lora (it sits above it); from_pretrained's registered loader
+    still loads an adapter directory in a process that imported only rpt.model."""
+    model, _ = lora_model(tiny_llama())
+    x, ids, kw = inputs()
+    with torch.no_grad():
+        truth = model(ids, **kw).logits
+    save_lora_checkpoint(model, str(tmp_path / "lora"), SECTION, base=None)
+    torch.save({"ids": ids, **kw}, tmp_path / "inputs.pt")
+    code = ("import sys, torch\nfrom rpt.model import RPTForCausalLM\nassert 'rpt.lora' not in sys.modules\n"
+            f"d = torch.load({str(tmp_path / 'inputs.pt')!r})\nids = d.pop('ids')\n"
+            f"m = RPTForCausalLM.from_pretrained({str(tmp_path / 'lora')!r})\n"
+            f"assert m.merged_from_lora\nwith torch.no_grad():\n    torch.save(m(ids, **d).logits, {str(tmp_path / 'out.pt')!r})\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (torch.load(tmp_path / "out.pt") - truth).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("section,match", [
     ({"rank": 4}, "unknown key 'rank'"), ({"r": 0}, "r must be"), ({"dropout": 1.5}, "dropout"),
     ({"target_modules": []}, "target_modules"), ("yes", "mapping"),
 ])
 def test_bad_lora_section_names_the_problem(section, match):
-    assert match in check_section(section)
+    assert match in check_lora_section(section)
 
 
 def test_merge_of_a_full_checkpoint_is_one_clear_error(tmp_path, capsys):

@@ -18,6 +18,7 @@ from typing import Any
 from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
+from rpt.data.streaming import PackedStream, StreamBatches
 from rpt.data.token_store import INDEX, TokenStore, write_token_store
 from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, tokenizer_fingerprint
 
@@ -121,8 +122,6 @@ def open_store(cfg, split: str, tokenizer) -> TokenStore:
 
 
 def _stream_batches(cfg, tokenizer, rank: int, world_size: int):
-    from rpt.data.streaming import PackedStream, StreamBatches
-
     sources, holdout = split_sources(cfg, "train")
     docs = documents(sources, holdout, cfg.val_fraction, cfg.seed)
     # The whole stream: PackedStream splits it by (rank, worker) and shuffles it itself, so that

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from rpt.data.errors import DataError
+from rpt.data.sources import is_token_store, texts
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -42,8 +43,6 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
     from transformers import AutoTokenizer
 
     if isinstance(spec, dict) and "train_bpe" in spec:
-        from rpt.data.sources import is_token_store, texts
-
         if is_token_store(sources):
             raise DataError("tokenizer {train_bpe: ...} needs text data, but data is a token store; "
                             "set tokenizer to the store's tokenizer (see its index.json)")

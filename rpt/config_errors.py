@@ -1,0 +1,9 @@
+"""``ConfigError``: a bad training configuration (a leaf module, as :mod:`rpt.data.errors` holds ``DataError``).
+
+:mod:`rpt.config` (the dataclass and its validation) and :mod:`rpt.config_keys` (the key checks it
+calls) both raise it, so it lives below both of them.
+"""
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message names the key and the fix."""
