@@ -1,0 +1,96 @@
+"""The package's shape: no import cycle in ``rpt/``, imports that follow the layer order
+``docs/design.md`` states, and the checks themselves tried on hand-made graphs and packages."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.import_graph import find_cycle, import_graph, module_files
+from tests.scripts import ROOT
+
+DESIGN = ROOT / "docs" / "design.md"
+LAYER_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* -- (.*)$")
+
+
+def stated_layers() -> list[tuple[str, list[str]]]:
+    """``[(layer name, [module patterns])]`` in order, from design.md's "## Layers" list."""
+    section = DESIGN.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for line in section.splitlines():
+        match = LAYER_ITEM.match(line)
+        if match:
+            modules_part = match.group(3).split(":", 1)[0]
+            layers.append((match.group(2), re.findall(r"`(rpt[\w.]*\*?)`", modules_part)))
+    return layers
+
+
+def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
+    """The index of the layer whose most specific pattern names ``module`` (None: no layer does)."""
+    best, best_len = None, -1
+    for index, (_, patterns) in enumerate(layers):
+        for pattern in patterns:
+            prefix = pattern[:-2] if pattern.endswith(".*") else None
+            hit = module == pattern or (prefix is not None and (module == prefix or module.startswith(prefix + ".")))
+            if hit and len(pattern) > best_len:
+                best, best_len = index, len(pattern)
+    return best
+
+
+def layer_violations(graph: dict[str, set[str]], layers) -> list[str]:
+    return sorted(f"{a} ({layers[layer_of(a, layers)][0]}) imports {b} ({layers[layer_of(b, layers)][0]})"
+                  for a, targets in graph.items() for b in targets
+                  if layer_of(b, layers) > layer_of(a, layers))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(ROOT, "rpt")
+
+
+def test_rpt_has_no_import_cycle(graph):
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_layer(graph):
+    layers = stated_layers()
+    assert len(layers) >= 5
+    assert [m for m in graph if layer_of(m, layers) is None] == []
+
+
+def test_imports_follow_the_stated_layers(graph):
+    assert layer_violations(graph, stated_layers()) == []
+
+
+def test_find_cycle_on_hand_made_graphs():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None  # a diamond is no cycle
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"x": {"y"}, "y": {"y"}}) == ["y", "y"]
+
+
+def test_import_graph_sees_late_relative_and_package_imports(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from p.sub.leaf import X\n")
+    (pkg / "sub" / "leaf.py").write_text("X = 1\n")
+    (pkg / "top.py").write_text("import os\n\ndef f():\n    from p.sub import leaf  # late\n    return leaf\n")
+    (pkg / "rel.py").write_text("from .top import f\nfrom . import sub\n")
+    assert set(module_files(tmp_path, "p")) == {"p", "p.sub", "p.sub.leaf", "p.top", "p.rel"}
+    g = import_graph(tmp_path, "p")
+    assert g["p.top"] == {"p.sub", "p.sub.leaf"}  # the late import, and the package __init__ it runs
+    assert g["p.rel"] == {"p.top", "p.sub"}
+    assert g["p.sub"] == {"p.sub.leaf"}  # its own package is not an edge
+    assert g["p.sub.leaf"] == set()
+    (pkg / "sub" / "leaf.py").write_text("def g():\n    import p.top\n")
+    assert find_cycle(import_graph(tmp_path, "p")) == ["p.sub", "p.sub.leaf", "p.top", "p.sub"]
+
+
+def test_layer_check_catches_an_upward_import():
+    layers = [("low", ["q.a", "q.util.*"]), ("high", ["q.b"])]
+    assert layer_of("q.util.deep", layers) == 0 and layer_of("q.c", layers) is None
+    assert layer_violations({"q.a": set(), "q.b": {"q.a"}}, layers) == []
+    assert layer_violations({"q.a": {"q.b"}, "q.b": set()}, layers) == ["q.a (low) imports q.b (high)"]
