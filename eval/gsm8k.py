@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import sys
 
-from rpt.evaluation.gsm8k import GSM8K
-from rpt.evaluation.script import run
+from rpt.benchmarks.gsm8k import GSM8K
+from rpt.benchmarks.script import run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,17 +21,17 @@ import sys
 
 from tqdm import tqdm
 
-from rpt.evaluation import repetition_study as study
-from rpt.evaluation.generation import (
+from rpt.benchmarks.generation import (
     add_model_args,
     generate_texts,
     load_checkpoint,
     split_across_processes,
 )
-from rpt.evaluation.jsonl import EvalInputError, read_jsonl
-from rpt.evaluation.report import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
+from rpt.studies import repetition_study as study
 
 STUDY_KNOBS = ("temperature", "repetition_penalty", "frequency_penalty", "lz_penalty", "lz_window", "lz_buffer",
                "rpt_iters", "rpt_window", "max_new_tokens")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_prompts(args, tokenizer) -> list[dict]:
     if args.prompts == "humaneval":
-        from rpt.evaluation.humaneval import load_problems
+        from rpt.benchmarks.humaneval import load_problems
 
         items = [{"id": tid, "prompt": p["prompt"]} for tid, p in load_problems().items()]
     elif args.prompts == "stdlib":

@@ -12,7 +12,7 @@ Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones
    seed's runs are ``ar_f_seed1`` / ``rpt_seed1``); every evaluation reads the whole validation split.
 4. ``seed_study`` -- validation NTP loss of AR-F and of the RPT model, PTP-1 of the RPT model, and
    the differences (RPT - AR-F NTP, PTP-1 - NTP) with intervals over training seeds and over
-   validation batches (rpt.evaluation.seeds). Later stages evaluate the first seed's RPT model.
+   validation batches (rpt.studies.seeds). Later stages evaluate the first seed's RPT model.
 5. ``error_analysis`` -- TV error after k = 0..3 RPT iterations on validation code (Table 2), with
    the paper's sampler (greedy PTP, confidence 0.9) and, beside it, eq. 4 with sampled PTP.
 6. ``repetition`` -- degenerate-repetition rate, greedy: none / repetition / frequency / LZ / RPT+LZ.
@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from rpt.config import load_config
-from rpt.evaluation.report import markdown_table, write_json
-from rpt.evaluation.seeds import seed_study
 from rpt.metrics import read_metrics
+from rpt.report import markdown_table, write_json
+from rpt.studies.seeds import seed_study
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -381,7 +381,7 @@ def _seed_markdown(study: dict, steps: int) -> list[str]:
              c["observed_sign"]] for what, c in (("RPT NTP - AR-F NTP", study["ntp_gap"]),
                                                   ("RPT PTP-1 - RPT NTP", study["ptp1_minus_ntp"]))]
     return [f"Over training seeds {', '.join(map(str, study['seeds']))} ({steps} fine-tune steps each; the table "
-            "above is the first seed's; rpt.evaluation.seeds says how each interval is made):", "",
+            "above is the first seed's; rpt.studies.seeds says how each interval is made):", "",
             markdown_table(["difference (nats/token)", "per seed", "mean", "95% CI over seeds (t)",
                             "95% CI over validation batches", "observed sign"], rows)]
 

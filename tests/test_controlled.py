@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from rpt.evaluation import controlled as ctl
-from rpt.evaluation import hmm as hmm_lib
-from rpt.evaluation import window_chain as wc
+from rpt.studies import controlled as ctl
+from rpt.studies import hmm as hmm_lib
+from rpt.studies import window_chain as wc
 from tests.scripts import load_script
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rpt.evaluation import error_analysis as ea
 from rpt.model import RPTForCausalLM
+from rpt.studies import error_analysis as ea
 from tests.scripts import load_script
 from tests.tiny_models import tiny_llama
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rpt.evaluation import plus, sandbox
+from rpt import sandbox
+from rpt.benchmarks import plus
 from tests.scripts import load_script
 
 PLUS_MISSING = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["humaneval"]).is_file(),
@@ -88,7 +89,7 @@ def test_out_naming_a_folder_stops_before_the_run(script, extra, task, tmp_path,
 @pytest.mark.parametrize("script, extra", [("eval/humaneval.py", []),
                                            pytest.param("eval/humaneval.py", ["--plus"], marks=PLUS_MISSING)])
 def test_limit_means_the_first_task_ids_of_the_completions_everywhere(script, extra, tmp_path):
-    from rpt.evaluation import humaneval as he
+    from rpt.benchmarks import humaneval as he
 
     problems = he.load_problems()
     rows = [{"task_id": t, "completion": problems[t]["canonical_solution"]} for t in ("HumanEval/5", "HumanEval/3")]
@@ -111,7 +112,7 @@ def test_auto_without_os_isolation_stops_with_one_line(tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("answer, field", [(["#### 4"], "answer"), ({"a": 1}, "answer"), (None, "answer")])
 def test_gsm8k_data_with_a_non_string_answer_is_one_line(answer, field, tmp_path, capsys):
-    from rpt.evaluation import gsm8k
+    from rpt.benchmarks import gsm8k
 
     data = write_lines(tmp_path / "test.jsonl", [{"question": "1 + 3?", "answer": "4\n#### 4"},
                                                  {"question": "2 + 2?", "answer": answer}])
@@ -132,7 +133,7 @@ OVERFLOW = ("    import gc, os, time\n"
 @pytest.mark.parametrize("script, extra, task", SCRIPTS[:2])
 def test_a_hostile_value_fails_its_item_and_the_report_is_written(script, extra, task, tmp_path):
     """Before: this payload raised OverflowError in the parent, exit 1, no report, nothing stored."""
-    from rpt.evaluation import humaneval as he
+    from rpt.benchmarks import humaneval as he
 
     canonical = he.load_problems()[task]["canonical_solution"]
     path = write_lines(tmp_path / "c.jsonl", [{"task_id": task, "completion": OVERFLOW},

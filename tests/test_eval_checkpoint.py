@@ -18,8 +18,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import rpt.evaluation.humaneval as he
-from rpt.evaluation import gsm8k, sweep
+import rpt.benchmarks.humaneval as he
+from rpt.benchmarks import gsm8k, sweep
 from rpt.model import RPTForCausalLM
 from tests.scripts import ROOT, load_script
 

@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from rpt.evaluation import _wire, plus
-from rpt.evaluation.sandbox import Limits, bwrap_problem
+from rpt.benchmarks import plus
+from rpt.sandbox import Limits, _wire, bwrap_problem
 from tests.scripts import ROOT, load_script
 
 pytestmark = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["mbpp"]).is_file(),
@@ -84,7 +84,7 @@ ANSWERS = {
 _EVALPLUS_CHECK = """
 import json, sys
 import evalplus.eval as E
-from rpt.evaluation import _wire
+from rpt.sandbox import _wire
 job = json.load(sys.stdin)
 out = []
 for split in ("base", "plus"):

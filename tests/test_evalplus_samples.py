@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rpt.evaluation import plus, samples
+from rpt.benchmarks import plus, samples
 from tests.scripts import ROOT, load_script
 
 pytestmark = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["mbpp"]).is_file(),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rpt.evaluation import humaneval as he
-from rpt.evaluation.report import ResultStore
+from rpt.benchmarks import humaneval as he
+from rpt.report import ResultStore
 from tests.scripts import load_script
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rpt.evaluation import repetition_study as study
 from rpt.model import RPTForCausalLM
+from rpt.studies import repetition_study as study
 from tests.scripts import load_script
 from tests.tiny_models import save_tiny_checkpoint
 

@@ -238,7 +238,7 @@ def test_token_healing_with_rpt(ckpt, capsys, tmp_path):
 def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_path):
     """Prompt i's draws are keyed by row_seed(seed, i): its sampled text is the same at any batch size, the
     reference sampler agrees, and repeated prompts (n samples of one task) differ."""
-    from rpt.evaluation.generation import generate_texts
+    from rpt.benchmarks.generation import generate_texts
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt["rpt"])
     model = RPTForCausalLM.from_pretrained(ckpt["rpt"]).eval()

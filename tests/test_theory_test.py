@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from rpt.evaluation import controlled as ctl
-from rpt.evaluation import hmm as hmm_lib
-from rpt.evaluation import theory_test as tt
-from rpt.evaluation import window_chain as wc
+from rpt.studies import controlled as ctl
+from rpt.studies import hmm as hmm_lib
+from rpt.studies import theory_prediction as tt
+from rpt.studies import window_chain as wc
 
 
 @pytest.fixture(scope="module")

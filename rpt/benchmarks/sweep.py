@@ -7,7 +7,7 @@ scripts share:
 * :class:`Setting` / :func:`sweep_settings`: the settings (``rpt_iters`` outer, ``temperature``
   inner, in the order given), each turning a base :class:`SamplingConfig` into its own;
 * :func:`generate_sweep`: completions for every (item, sample, setting), resumable through a
-  :class:`~rpt.evaluation.report.ResultStore` (key: item, sample index, checkpoint path, the full
+  :class:`~rpt.report.ResultStore` (key: item, sample index, checkpoint path, the full
   sampling config and the prompt), with a progress bar, split across processes under
   ``accelerate launch``; each completion draws with a seed hashed from (seed, item, sample index,
   setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume;
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rpt.evaluation.generation import generate_texts, split_across_processes
-from rpt.evaluation.report import ResultStore
+from rpt.benchmarks.generation import generate_texts, split_across_processes
+from rpt.report import ResultStore
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import encode
 
@@ -101,7 +101,7 @@ def sample_seed(seed: int, item_id, sample: int, setting: str) -> int:
 
 
 def _state():
-    from rpt.evaluation.generation import process_state
+    from rpt.benchmarks.generation import process_state
 
     return process_state()
 

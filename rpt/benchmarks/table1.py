@@ -2,9 +2,9 @@
 (k = 1, 2) at w = 2, plus the w = 3 rows of App. B.1, each the best over temperatures, with the
 relative change against k = 0 (the change in points where k = 0 scores 0); greedy PTP, confidence 0.9
 (the sampler's defaults). Every cell carries its number of problems ``n`` and a 95% Wilson interval
-(:mod:`rpt.evaluation.intervals`), or "n too small" below ``intervals.MIN_N`` problems.
+(:mod:`rpt.benchmarks.intervals`), or "n too small" below ``intervals.MIN_N`` problems.
 
-The work is done by the benchmark scripts' skeleton (:func:`rpt.evaluation.script.run`), one run
+The work is done by the benchmark scripts' skeleton (:func:`rpt.benchmarks.script.run`), one run
 per benchmark and window, each with its own ``--out`` (and so its own resumable store) under the
 output folder: ``humaneval_plus_w2.json``, ``mbpp_plus_w2.json``, ``gsm8k_w2.json``, ``..._w3.json``.
 Rerunning the command reuses everything already generated or executed. The table reads only
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpt.evaluation.intervals import LEVEL, MIN_N, interval_or_none
-from rpt.evaluation.report import save_figure, write_json, write_markdown
+from rpt.benchmarks.intervals import LEVEL, MIN_N, interval_or_none
+from rpt.report import save_figure, write_json, write_markdown
 
 # (column title, benchmark key, score key in the benchmark's JSON)
 COLUMNS = (("HumanEval+", "humaneval_plus", "pass@1"), ("MBPP+", "mbpp_plus", "pass@1"),

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from rpt.evaluation import chat_prompts, jsonl
-from rpt.evaluation.jsonl import EvalInputError, read_jsonl
+from rpt.benchmarks import chat_prompts, jsonl
+from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
 from rpt.sampling import stopping
 
 HUB_DATASET = ("openai/gsm8k", "main")
@@ -187,13 +187,13 @@ def score(records: Sequence[dict], problems: Sequence[dict]) -> list[dict]:
 
 # ---- the benchmark script's specification (eval/gsm8k.py) ------------------------------------------
 def _benchmark_base():
-    from rpt.evaluation.script import Benchmark  # the skeleton pulls in torch: only scripts need it
+    from rpt.benchmarks.script import Benchmark  # the skeleton pulls in torch: only scripts need it
 
     return Benchmark
 
 
 class GSM8K(_benchmark_base()):
-    """GSM8K for :func:`rpt.evaluation.script.run`: k-shot chain of thought, exact numeric answer."""
+    """GSM8K for :func:`rpt.benchmarks.script.run`: k-shot chain of thought, exact numeric answer."""
 
     name = "gsm8k"
     title = "GSM8K"

@@ -8,7 +8,7 @@
 and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
 ``confidence``, ``ptp_greedy``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``lz_penalty``,
 ``repetition_penalty``, ``token_healing``, ``seed``, ...; ``stop`` joins strings with ``|``).
-Each is parsed strictly (:mod:`rpt.evaluation.model_args`): integers as integers (``rpt_iters=1.7``
+Each is parsed strictly (:mod:`rpt.benchmarks.model_args`): integers as integers (``rpt_iters=1.7``
 is an error), booleans as ``true`` / ``false``, ``batch_size`` an integer >= 1 or ``auto`` (8),
 unknown keys refused, each error one line naming the key, before the checkpoint is loaded.
 
@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from rpt.evaluation.generation import generate_texts, load_checkpoint
-from rpt.evaluation.model_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
+from rpt.benchmarks.generation import generate_texts, load_checkpoint
+from rpt.benchmarks.model_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import check_checkpoint, check_device
 
@@ -43,7 +43,7 @@ class RPTLM(LM):
     def __init__(self, pretrained: str | None = None, device: str = "cpu", dtype: str = "float32", batch_size: int | str = 8,
                  max_length: int | None = None, **sampling) -> None:
         super().__init__()
-        # Every argument checked before the checkpoint is loaded (rpt.evaluation.model_args).
+        # Every argument checked before the checkpoint is loaded (rpt.benchmarks.model_args).
         if not pretrained:
             raise ModelArgsError("--model_args needs pretrained=<checkpoint directory> (an RPT checkpoint, or a plain "
                                  "causal LM with rpt_iters=0)")

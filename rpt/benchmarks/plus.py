@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from rpt.evaluation import _wire, samples
-from rpt.evaluation.jsonl import EvalInputError
-from rpt.evaluation.sandbox import Execution, Job, Limits, exit_reason, run_jobs
+from rpt.benchmarks import samples
+from rpt.benchmarks.jsonl import EvalInputError
+from rpt.sandbox import Execution, Job, Limits, _wire, exit_reason, run_jobs
 
 FILES = {"humaneval": "HumanEvalPlus-v0.1.10.jsonl.gz", "mbpp": "MbppPlus-v0.2.0.jsonl.gz"}
 OVERRIDE_ENV = {"humaneval": "HUMANEVAL_OVERRIDE_PATH", "mbpp": "MBPP_OVERRIDE_PATH"}
@@ -287,7 +287,7 @@ class Judge:
 
 
 def build_job(dataset: str, task: dict, oracle: Oracle, code: str) -> Job:
-    """The program ``code`` (:func:`rpt.evaluation.samples.program`) called on every base, then plus
+    """The program ``code`` (:func:`rpt.benchmarks.samples.program`) called on every base, then plus
     input, under EvalPlus's limits."""
     base_limits, plus_limits = oracle.time_limits("base"), oracle.time_limits("plus")
     inputs = oracle.inputs(task, "base") + oracle.inputs(task, "plus")
@@ -370,7 +370,7 @@ def score(dataset: str, records: Sequence[dict], tasks: dict[str, dict], oracles
     """Score ``{task_id, completion[, solution]}`` records (the program: ``solution``, else
     ``prompt + completion``) in input order: ``task_id``, ``completion``, ``solution`` where given,
     ``base_passed``, ``plus_passed``, ``passed`` (= plus), ``result``, ``base_result``.
-    ``cached`` / ``on_done`` as in :func:`rpt.evaluation.humaneval.score_completions`."""
+    ``cached`` / ``on_done`` as in :func:`rpt.benchmarks.humaneval.score_completions`."""
     results: list[dict | None] = [cached(r) if cached else None for r in records]
     todo = [i for i, r in enumerate(results) if r is None]
     verdicts = [Verdict(dataset, tasks[records[i]["task_id"]], oracles[records[i]["task_id"]]) for i in todo]

@@ -1,6 +1,6 @@
 r"""Sec. 3's theory as a prediction (issue 20): crossovers from the truth alone, signs, the sweep's summary.
 
-The controlled source (:mod:`rpt.evaluation.controlled`) fixes the true conditionals of every
+The controlled source (:mod:`rpt.studies.controlled`) fixes the true conditionals of every
 context. Each *model of the error* says below which ``r = eps_p / eps_n`` (the PTP row error over
 the NTP row error, both true-law-weighted TV, ``prev_avg/next_avg``) one RPT iteration brings the
 sampled window closer to the truth (``TV_1 < TV_0``): that ``r*`` is the *crossover*.
@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from rpt.evaluation import controlled as ctl
-from rpt.evaluation import window_chain as wc
-from rpt.evaluation.error_analysis import ETAS  # the same etas as the LM error analysis reports
+from rpt.studies import controlled as ctl
+from rpt.studies import window_chain as wc
+from rpt.studies.error_analysis import ETAS  # the same etas as the LM error analysis reports
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)

@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from rpt.evaluation.jsonl import EvalInputError, read_jsonl
-from rpt.evaluation.report import sibling, write_text
+from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+from rpt.report import sibling, write_text
 
 FIELDS = ("completion", "solution")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rpt.evaluation.jsonl import EvalInputError
+from rpt.benchmarks.jsonl import EvalInputError
 
 # evalplus.codegen.run_codegen's defaults (no "perf"/"cot" variant).
 INSTRUCTION = ("Please provide a self-contained Python script that solves the following problem in a markdown "

@@ -22,7 +22,7 @@ Layers, outermost first:
   captured output), no core files;
 * a scratch working directory (also HOME and TMPDIR) deleted afterwards;
 * an in-process guard (destructive ``os`` / ``shutil`` / ``subprocess`` functions removed, writes
-  outside the scratch directory refused): best effort, see :mod:`rpt.evaluation._sandbox_runner`.
+  outside the scratch directory refused): best effort, see :mod:`rpt.sandbox._sandbox_runner`.
 
 **Verdicts.** The child streams JSON messages on a private pipe (see the runner for the modes);
 they are data, never a verdict: ``calls`` mode returns the values the program's function produced
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from rpt.evaluation import _seccomp
+from rpt.sandbox import _seccomp
 
 _HERE = Path(__file__).resolve().parent
 _RUNNER = _HERE / "_sandbox_runner.py"
@@ -88,7 +88,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Job:
-    """What to run (see :mod:`rpt.evaluation._sandbox_runner` for the modes)."""
+    """What to run (see :mod:`rpt.sandbox._sandbox_runner` for the modes)."""
 
     program: str
     mode: str = "program"
@@ -655,7 +655,7 @@ class Session:
     def call(self, args: Sequence, kwargs: dict) -> dict:
         """``{"v": value}`` (wire form) or ``{"e": error}``; raises :class:`SessionOver` once the
         program is gone, out of time or off the protocol."""
-        from rpt.evaluation import _wire
+        from rpt.sandbox import _wire
 
         if self.failure is None and self.child is not None:
             if not self.child.send({"a": _wire.to_json(list(args)), "k": _wire.to_json(dict(kwargs))}):

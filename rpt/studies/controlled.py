@@ -1,11 +1,11 @@
 r"""The controlled experiment: RPT vs NTP sampling of a trained model, measured against a known truth.
 
-The data source is a hidden Markov model (:mod:`rpt.evaluation.hmm`) over a small vocabulary, so the
+The data source is a hidden Markov model (:mod:`rpt.studies.hmm`) over a small vocabulary, so the
 true joint of the next ``w`` tokens after any context follows from the forward algorithm. A model
 is trained on samples of it with ``train.py`` (NTP pretraining, then the RPT fine-tune); then, for
 contexts drawn from the source, the *exact* law of the ``w`` tokens the model would sample --
 NTP (``k = 0``) and after ``k`` RPT iterations (eq. 4 / 6, sampled PTP at temperature 1) -- is
-computed by enumeration (:mod:`rpt.evaluation.window_chain`) from the model's own conditionals
+computed by enumeration (:mod:`rpt.studies.window_chain`) from the model's own conditionals
 and compared with the true joint in total variation. The design and its rationale are in
 ``docs/controlled_experiment.md``.
 
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from rpt.evaluation import hmm as hmm_lib
-from rpt.evaluation import window_chain as wc
+from rpt.studies import hmm as hmm_lib
+from rpt.studies import window_chain as wc
 
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<unk>"
@@ -363,7 +363,7 @@ def truth_for(hmm: hmm_lib.HMM, design: Design) -> Truth:
 def stationary_joint(cond: wc.WindowConditionals) -> np.ndarray:
     """``k -> infinity`` for w = 2 (Sec. 3's object): the stationary law of the eq. 27 kernel,
     ``r(a) N(b|a)`` with ``r`` stationary for the ``x_i`` chain ``N @ P``."""
-    from rpt.evaluation.synthetic import stationary
+    from rpt.studies.synthetic import stationary
 
     next_cond, prev_cond = cond.init[1], np.swapaxes(cond.resample[0], 1, 2)
     r = stationary(next_cond @ prev_cond)

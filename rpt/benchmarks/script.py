@@ -27,18 +27,18 @@ from pathlib import Path
 
 import torch
 
+from rpt.benchmarks import sweep
+from rpt.benchmarks.generation import check_source_args, load_checkpoint
+from rpt.benchmarks.jsonl import EvalInputError
 from rpt.entry_defaults import explain_defaults
-from rpt.evaluation import sweep
-from rpt.evaluation.generation import check_source_args, load_checkpoint
-from rpt.evaluation.jsonl import EvalInputError
-from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
-from rpt.evaluation.sandbox import IsolationUnavailable
 from rpt.model_ref import ModelRefError, resolve_model_ref
+from rpt.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
+from rpt.sandbox import IsolationUnavailable
 
 DTYPES = DTYPE_CHOICES
 

