@@ -14,9 +14,6 @@ Writes ``F.json`` (``settings``: degenerate rate and mean log-likelihood per set
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
-import random
 import sys
 
 from tqdm import tqdm
@@ -27,11 +24,12 @@ from rpt.benchmarks.generation import (
     load_checkpoint,
     split_across_processes,
 )
-from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+from rpt.benchmarks.jsonl import EvalInputError
 from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
 from rpt.studies import repetition_study as study
+from rpt.studies.repetition_inputs import item_key, load_prompts
 
 STUDY_KNOBS = ("temperature", "repetition_penalty", "frequency_penalty", "lz_penalty", "lz_window", "lz_buffer",
                "rpt_iters", "rpt_window", "max_new_tokens")
@@ -55,36 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore results kept from an earlier run")
     p.add_argument("--out", default="runs/eval/repetition.json")
     return p
-
-
-def load_prompts(args, tokenizer) -> list[dict]:
-    if args.prompts == "humaneval":
-        from rpt.benchmarks.humaneval import load_problems
-
-        items = [{"id": tid, "prompt": p["prompt"]} for tid, p in load_problems().items()]
-    elif args.prompts == "stdlib":
-        from rpt.data import stdlib_texts
-
-        rng = random.Random(args.seed_prompts)
-        items = []
-        texts = stdlib_texts("validation", 0.05)
-        for i in range(args.limit * 4):
-            ids = tokenizer(texts[rng.randrange(len(texts))])["input_ids"]
-            if len(ids) <= args.prompt_tokens + 8:
-                continue
-            start = rng.randrange(0, len(ids) - args.prompt_tokens)
-            items.append({"id": f"stdlib-{i}", "prompt": tokenizer.decode(ids[start : start + args.prompt_tokens])})
-    else:
-        items = [{"id": r.get("id", i), "prompt": r["prompt"]} for i, r in enumerate(read_jsonl(args.prompts, required=["prompt"]))]
-    if not items:
-        raise EvalInputError(f"no prompts from {args.prompts!r}")
-    return items[: args.limit]
-
-
-def item_key(setting: study.Setting, prompt: dict, args) -> str:
-    spec = json.dumps([setting.name, setting.overrides, prompt["prompt"], args.max_new_tokens, args.min_len, args.min_repeats],
-                      default=str)
-    return hashlib.sha1(spec.encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

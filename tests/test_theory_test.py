@@ -115,9 +115,8 @@ def test_summary_signs_spearman_and_practical(truth):
 
 
 def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
-    from tests.scripts import load_script
+    from rpt.studies import controlled_run as script
 
-    script = load_script("eval/controlled.py")
     files = ctl.SourceFiles(str(tmp_path / "source"))
     jobs = script.sweep_jobs(tmp_path, files, [0.1, 1.0], [0, 1], 50, ntp_arm=True)
     assert [(q, s) for q, s, _ in jobs] == [(0.1, 0), (1.0, 0), (None, 0), (0.1, 1), (1.0, 1), (None, 1)]
@@ -126,7 +125,7 @@ def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
         assert "max_steps=50" in job.overrides
         assert ("objective=ntp" in job.overrides) == (q is None) and (f"q={q}" in job.overrides) == (q is not None)
     assert len({j.run_dir for *_, j in jobs}) == 6
-    assert script._config_steps(script.SWEEP_CONFIG) == 1400  # the pre-registered budget
+    assert script.config_steps(script.SWEEP_CONFIG) == 1400  # the pre-registered budget
 
 
 def test_table2_metric_is_improper_and_log_brier_are_proper():
