@@ -197,9 +197,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
-    from rpt.data.errors import (
-        DataError,  # late: rpt.data's package imports torch and datasets (--help stays light)
-    )
+    from rpt.data.errors import DataError  # late: rpt.data's __init__ imports torch
     from rpt.data.sources import check_sources  # late: as above
 
     try:

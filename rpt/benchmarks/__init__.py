@@ -1,2 +1,3 @@
-"""Model-free evaluation: sandboxed code execution, HumanEval/GSM8K scoring, the synthetic
-NTP-vs-RPT experiment, the degenerate-repetition metric and result/report helpers."""
+"""The benchmarks: HumanEval, EvalPlus (HumanEval+/MBPP+), GSM8K and Table 1 scored from a
+checkpoint's samples; the one script skeleton, the sampling sweeps, the lm-evaluation-harness
+model, and the model-side helpers they share (loading, batched generation, model arguments)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rpt.benchmarks.generation import generate_texts, split_across_processes
+from rpt.benchmarks.generation import generate_texts, process_state, split_across_processes
 from rpt.report import ResultStore
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import encode
@@ -101,8 +101,6 @@ def sample_seed(seed: int, item_id, sample: int, setting: str) -> int:
 
 
 def _state():
-    from rpt.benchmarks.generation import process_state
-
     return process_state()
 
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from rpt.sandbox import _seccomp
+from rpt.sandbox import _seccomp, _wire
 
 _HERE = Path(__file__).resolve().parent
 _RUNNER = _HERE / "_sandbox_runner.py"
@@ -655,8 +655,6 @@ class Session:
     def call(self, args: Sequence, kwargs: dict) -> dict:
         """``{"v": value}`` (wire form) or ``{"e": error}``; raises :class:`SessionOver` once the
         program is gone, out of time or off the protocol."""
-        from rpt.sandbox import _wire
-
         if self.failure is None and self.child is not None:
             if not self.child.send({"a": _wire.to_json(list(args)), "k": _wire.to_json(dict(kwargs))}):
                 self.failure = "exited"

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import window_chain as wc
+from rpt.studies.synthetic import stationary
 
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<unk>"
@@ -363,8 +364,6 @@ def truth_for(hmm: hmm_lib.HMM, design: Design) -> Truth:
 def stationary_joint(cond: wc.WindowConditionals) -> np.ndarray:
     """``k -> infinity`` for w = 2 (Sec. 3's object): the stationary law of the eq. 27 kernel,
     ``r(a) N(b|a)`` with ``r`` stationary for the ``x_i`` chain ``N @ P``."""
-    from rpt.studies.synthetic import stationary
-
     next_cond, prev_cond = cond.init[1], np.swapaxes(cond.resample[0], 1, 2)
     r = stationary(next_cond @ prev_cond)
     return r[:, :, None] * next_cond

@@ -211,7 +211,7 @@ def evaluate_arms(design: ctl.Design, truth: ctl.Truth, runs: Sequence[tuple], c
     """``runs``: ``(q, seed, checkpoint)`` per trained model (q None: the pure-NTP arm). Each model's
     exact TV_0 / TV_1 and r against the truth, its shrunk-error curve, then :func:`summarise`."""
     if load is None:
-        from rpt.model import RPTForCausalLM
+        from rpt.model import RPTForCausalLM  # late: transformers (seconds) only for the sweep's checkpoints
 
         def load(path):
             return RPTForCausalLM.from_pretrained(path).eval()
