@@ -507,3 +507,35 @@ def test_variant_is_validated_and_reaches_the_sampler():
     cfg = SamplingConfig(lz_penalty=0.15, lz_variant="closest_longest")
     procs = build_logits_processors(cfg, prompt_length=0, vocab_size=32)
     assert [p.variant for p in procs if isinstance(p, LZPenaltyLogitsProcessor)] == ["closest_longest"]
+
+
+# ---- one class per variant, over one matcher -------------------------------------------------
+
+
+@pytest.mark.parametrize("variant, cls, oracle", [
+    ("codelength", LZPenaltyLogitsProcessor, brute_lz),
+    ("closest_longest", lz_module.ClosestLongestLZLogitsProcessor, brute_closest_longest),
+])
+@pytest.mark.parametrize("incremental", [None, True])
+def test_each_variant_class_matches_its_brute_force_oracle(variant, cls, oracle, incremental):
+    """The shared name builds the variant's class; built directly, each class penalises a decode's
+    logits by alpha times its own oracle, for a batch of 2 rows that grow one token a call."""
+    assert type(LZPenaltyLogitsProcessor(0.5, variant=variant)) is cls
+    assert isinstance(cls(0.5), LZPenaltyLogitsProcessor) and cls(0.5).variant == variant
+    assert type(cls(0.5)) is cls
+    gen = torch.Generator().manual_seed(11)
+    vocab, window, buffer = 12, 10, 3
+    ids = periodic(2, 30, 3, vocab, gen)
+    proc = cls(0.5, window, buffer, prompt_length=1, incremental=incremental)
+    for t in range(2, 30):
+        got = proc(ids[:, :t], torch.zeros(2, vocab))
+        want = torch.stack([oracle(ids[r, 1:t].tolist(), vocab, window, buffer) for r in range(2)])
+        torch.testing.assert_close(got, (-0.5 * want).float(), atol=1e-5, rtol=0)
+
+
+def test_default_variant_is_codelength_and_a_class_keeps_its_variant():
+    assert type(LZPenaltyLogitsProcessor(0.15)) is LZPenaltyLogitsProcessor
+    with pytest.raises(ValueError, match="is the closest_longest variant"):
+        lz_module.ClosestLongestLZLogitsProcessor(0.15, variant="codelength")
+    with pytest.raises(ValueError, match="LZ variant='lz78'"):
+        LZPenaltyLogitsProcessor(0.15, variant="lz78")

@@ -14,7 +14,10 @@ window), clamped to :math:`[0, \log_2 V]`, and :math:`\mathrm{penalty}(v) = \log
 Sampling uses :math:`\ell_v \leftarrow \ell_v - \alpha\,\mathrm{penalty}(v)`. Paper defaults:
 :math:`\alpha = 0.15, W = 512, B = 32`.
 
-**Variants.** The reference code exists in two versions; ``variant`` picks one (both take W and B):
+**Variants.** The reference code exists in two versions; ``variant`` picks one (both take W and B).
+Each is one processor class over the one :class:`LZMatcher` (which columns enter the window, their
+match lengths): :class:`LZPenaltyLogitsProcessor` (``codelength``) and
+:class:`ClosestLongestLZLogitsProcessor`; :func:`lz_penalty` computes either from scratch.
 
 * ``"codelength"`` (the default, above): the per-token LZSS cost ``(log2(D + 1) + log2 L) / L``,
   minimised over every occurrence of the candidate -- the paper's formula, which this project
@@ -184,6 +187,27 @@ def _right_pack(context: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor
     return context.gather(1, order), mask.sum(dim=1)
 
 
+def _codelength_window_costs(rows: torch.Tensor, vocab_size: int, window: int, buffer: int,
+                             lengths: torch.Tensor | None, log_v: float) -> torch.Tensor:
+    """``[batch, V]`` cost of every token, ``codelength`` variant: the minimum ``cost_j`` over its occurrences."""
+    out = torch.full((rows.shape[0], vocab_size), log_v, dtype=torch.float32, device=rows.device)
+    tokens, cost, valid = lz_match_costs(rows, window, buffer, lengths)
+    if valid is not None:  # gaps write log2 V into column 0, which amin then ignores
+        cost = cost.masked_fill(~valid, log_v)
+        tokens = tokens.clamp(min=0)
+    return out.scatter_reduce_(1, tokens, cost, reduce="amin", include_self=True)
+
+
+def _closest_longest_window_costs(rows: torch.Tensor, vocab_size: int, window: int, buffer: int,
+                                  lengths: torch.Tensor | None, log_v: float) -> torch.Tensor:
+    """``[batch, V]`` cost of every token, ``closest_longest`` variant (:func:`closest_longest_costs`)."""
+    tokens, s, valid = lz_match_lengths(rows, window, buffer, lengths)
+    return closest_longest_costs(tokens, s, valid, buffer, vocab_size, log_v)
+
+
+_WINDOW_COSTS = {"codelength": _codelength_window_costs, "closest_longest": _closest_longest_window_costs}
+
+
 def lz_penalty(
     context: torch.Tensor,
     vocab_size: int,
@@ -218,16 +242,10 @@ def lz_penalty(
     if mask is not None:
         rows, lengths = _right_pack(rows, mask if mask.dim() == 2 else mask[None])
     log_v = math.log2(vocab_size)
-    out = torch.full((rows.shape[0], vocab_size), log_v, dtype=torch.float32, device=rows.device)
-    if rows.shape[1] > 0 and variant == "closest_longest":
-        tokens, s, valid = lz_match_lengths(rows, window, buffer, lengths)
-        out = closest_longest_costs(tokens, s, valid, buffer, vocab_size, log_v)
-    elif rows.shape[1] > 0:
-        tokens, cost, valid = lz_match_costs(rows, window, buffer, lengths)
-        if valid is not None:  # gaps write log2 V into column 0, which amin then ignores
-            cost = cost.masked_fill(~valid, log_v)
-            tokens = tokens.clamp(min=0)
-        out.scatter_reduce_(1, tokens, cost, reduce="amin", include_self=True)
+    if rows.shape[1] > 0:
+        out = _WINDOW_COSTS[variant](rows, vocab_size, window, buffer, lengths, log_v)
+    else:
+        out = torch.full((rows.shape[0], vocab_size), log_v, dtype=torch.float32, device=rows.device)
     penalty = log_v - out.clamp_(0.0, log_v)
     return penalty if context.dim() == 2 else penalty[0]
 
@@ -343,6 +361,54 @@ class LZMatchTracker:
         return self._tokens, self._s
 
 
+class LZMatcher:
+    """The match lengths a processor reads at each call: which columns of ``input_ids`` enter the
+    window (``prompt_length``), then :func:`lz_match_lengths` from scratch, or carried along a
+    decode by :class:`LZMatchTracker` (``incremental``). Both LZ processors use one."""
+
+    def __init__(self, window: int, buffer: int, prompt_length: int | torch.Tensor = 0,
+                 incremental: bool | None = None) -> None:
+        if isinstance(prompt_length, torch.Tensor):
+            if prompt_length.dim() != 1 or prompt_length.dtype.is_floating_point:
+                raise ValueError("prompt_length tensor must be a 1-D integer tensor [batch]")
+        elif not isinstance(prompt_length, int) or prompt_length < 0:
+            raise ValueError(f"prompt_length={prompt_length!r} is invalid: use an int >= 0 or a [batch] tensor")
+        self.window, self.buffer, self.prompt_length, self.incremental = window, buffer, prompt_length, incremental
+        self._tracker = LZMatchTracker(window, buffer)
+
+    def context(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The columns that may enter the window and, for per-row prompts, their real lengths."""
+        if isinstance(self.prompt_length, int):
+            return input_ids[:, self.prompt_length:], None
+        if self.prompt_length.device != input_ids.device:  # once; later calls reuse the moved copy
+            self.prompt_length = self.prompt_length.to(input_ids.device)
+        if self.prompt_length.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"prompt_length has {self.prompt_length.shape[0]} rows, input_ids {input_ids.shape[0]}")
+        return input_ids, input_ids.shape[1] - self.prompt_length
+
+    def match_lengths(
+        self, context: torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``tokens``, ``s`` and ``valid`` of the window (:func:`lz_match_lengths`)."""
+        # the tracker's extends-check reads tensor contents on the host: opt-in only (see the processor)
+        if lengths is None and self.incremental:
+            return (*self._tracker(context), None)
+        return lz_match_lengths(context, self.window, self.buffer, lengths)
+
+    def depth(
+        self, input_ids: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``tokens``, ``B - s`` (:func:`mismatch_depth`) and ``valid`` of the window."""
+        w, b = self.window, self.buffer
+        if lengths is None and not self.incremental and context.shape[1] >= w and input_ids.shape[1] >= w + b:
+            # A full window reads the B columns before it as they are (prompt or older tokens):
+            # cost_table caps a match at the tokens before its column, so no padded copy is needed.
+            # Decided from shapes only (host metadata, no synchronisation).
+            return context[:, -w:], mismatch_depth(input_ids[:, -(w + b):].to(torch.int32), b), None
+        tokens, s, valid = self.match_lengths(context, lengths)
+        return tokens, b - s, valid
+
+
 class LZPenaltyLogitsProcessor(LogitsProcessor):
     r"""Hugging Face logits processor: ``scores[v] -= penalty * lz_penalty(v)`` (see module docstring).
 
@@ -359,8 +425,9 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             of the model's logits, so this is safe there, except that ``output_logits=True`` then
             records the penalised logits; pass ``inplace=False`` to leave the given tensor untouched
             (one ``[batch, V]`` copy per call).
-        variant: ``"codelength"`` (default) or ``"closest_longest"`` (module docstring); the latter
-            subtracts a dense ``[batch, V]`` penalty.
+        variant: ``"codelength"`` (default) or ``"closest_longest"`` (module docstring): constructing
+            this class with ``variant="closest_longest"`` gives a :class:`ClosestLongestLZLogitsProcessor`
+            (a dense ``[batch, V]`` penalty); this class itself is the ``codelength`` transform.
         incremental: carry match lengths between calls (:class:`LZMatchTracker`) when the context
             grew by one token (ignored for a per-row ``prompt_length``; meant for CPU). Off by default:
             deciding whether a call extends the previous one reads the tokens on the host (a
@@ -372,6 +439,14 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             benchmarks/lz_penalty.py). ``None`` is accepted as ``False``.
     """
 
+    variant = "codelength"
+
+    def __new__(cls, *args, variant: str | None = None, **kwargs):
+        if cls is LZPenaltyLogitsProcessor and variant is not None:  # the name picks the variant's class, as pathlib.Path its flavour
+            _check_variant(variant)
+            cls = _PROCESSORS[variant]
+        return super().__new__(cls)
+
     def __init__(
         self,
         penalty: float,
@@ -381,56 +456,47 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
         vocab_size: int | None = None,
         inplace: bool = True,
         incremental: bool | None = None,
-        variant: str = "codelength",
+        variant: str | None = None,
     ) -> None:
         if not isinstance(penalty, (int, float)) or not math.isfinite(penalty) or penalty < 0:
             raise ValueError(f"LZ penalty alpha={penalty!r} is invalid: use alpha >= 0 (paper default 0.15)")
         _check_sizes(window, buffer)
+        variant = variant or self.variant
         _check_variant(variant)
-        self.variant = variant
-        if isinstance(prompt_length, torch.Tensor):
-            if prompt_length.dim() != 1 or prompt_length.dtype.is_floating_point:
-                raise ValueError("prompt_length tensor must be a 1-D integer tensor [batch]")
-        elif not isinstance(prompt_length, int) or prompt_length < 0:
-            raise ValueError(f"prompt_length={prompt_length!r} is invalid: use an int >= 0 or a [batch] tensor")
+        if variant != self.variant:
+            raise ValueError(f"{type(self).__name__} is the {self.variant} variant; for {variant} use "
+                             f"LZPenaltyLogitsProcessor(..., variant={variant!r})")
         if vocab_size is not None and vocab_size < 1:
             raise ValueError(f"vocab_size={vocab_size!r} is invalid: use None or an integer >= 1")
+        self.matcher = LZMatcher(window, buffer, prompt_length, incremental)
         self.penalty, self.window, self.buffer = float(penalty), window, buffer
-        self.prompt_length, self.vocab_size, self.inplace = prompt_length, vocab_size, inplace
-        self.incremental = incremental
-        self._tracker = LZMatchTracker(window, buffer)
+        self.vocab_size, self.inplace = vocab_size, inplace
         self._table_key: tuple | None = None
 
-    def _window(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The columns that may enter the window and, for per-row prompts, their real lengths."""
-        if isinstance(self.prompt_length, int):
-            return input_ids[:, self.prompt_length:], None
-        if self.prompt_length.device != input_ids.device:  # once; later calls reuse the moved copy
-            self.prompt_length = self.prompt_length.to(input_ids.device)
-        if self.prompt_length.shape[0] != input_ids.shape[0]:
-            raise ValueError(f"prompt_length has {self.prompt_length.shape[0]} rows, input_ids {input_ids.shape[0]}")
-        return input_ids, input_ids.shape[1] - self.prompt_length
+    @property
+    def prompt_length(self) -> int | torch.Tensor:
+        return self.matcher.prompt_length
 
-    def _match_lengths(
-        self, context: torch.Tensor, lengths: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        # the tracker's extends-check reads tensor contents on the host: opt-in only (see __init__)
-        if lengths is None and self.incremental:
-            return (*self._tracker(context), None)
-        return lz_match_lengths(context, self.window, self.buffer, lengths)
+    @property
+    def incremental(self) -> bool | None:
+        return self.matcher.incremental
 
-    def _depth(
-        self, input_ids: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``tokens``, ``B - s`` (:func:`mismatch_depth`) and ``valid`` of the window."""
-        w, b = self.window, self.buffer
-        if lengths is None and not self.incremental and context.shape[1] >= w and input_ids.shape[1] >= w + b:
-            # A full window reads the B columns before it as they are (prompt or older tokens):
-            # cost_table caps a match at the tokens before its column, so no padded copy is needed.
-            # Decided from shapes only (host metadata, no synchronisation).
-            return context[:, -w:], mismatch_depth(input_ids[:, -(w + b):].to(torch.int32), b), None
-        tokens, s, valid = self._match_lengths(context, lengths)
-        return tokens, b - s, valid
+    def _log_v(self, scores: torch.Tensor) -> float:
+        return math.log2(self.vocab_size or scores.shape[-1])
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        context, lengths = self.matcher.context(input_ids)
+        if self.penalty == 0 or context.shape[1] == 0:
+            return scores
+        return self.apply(input_ids, context, lengths, scores if self.inplace else scores.clone())
+
+    def apply(self, input_ids: torch.Tensor, context: torch.Tensor, lengths: torch.Tensor | None,
+              scores: torch.Tensor) -> torch.Tensor:
+        """Penalise ``scores`` in place for the window ``context``: here the ``codelength`` variant,
+        each token's largest per-position penalty in one scatter-min (:func:`apply_codelength`)."""
+        tokens, depth, _ = self.matcher.depth(input_ids, context, lengths)
+        table, base = self._penalty_table(self._log_v(scores), scores.device)
+        return apply_codelength(scores, tokens, depth, table, base, self.window)
 
     def _penalty_table(self, log_v: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`penalty_table`, cached."""
@@ -439,19 +505,17 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
             self._table_key = (log_v, device)
         return self._table, self._base
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        context, lengths = self._window(input_ids)
-        if self.penalty == 0 or context.shape[1] == 0:
-            return scores
-        width = scores.shape[-1]
-        if self.variant == "closest_longest":
-            return self._apply_dense(scores, *self._match_lengths(context, lengths), width)
-        tokens, depth, _ = self._depth(input_ids, context, lengths)
-        table, base = self._penalty_table(math.log2(self.vocab_size or width), scores.device)
-        return apply_codelength(scores if self.inplace else scores.clone(), tokens, depth, table, base, self.window)
 
-    def _apply_dense(self, scores, tokens, s, valid, width: int) -> torch.FloatTensor:
-        """``closest_longest``: its penalty is not a per-position minimum, so subtract it densely."""
-        log_v = math.log2(self.vocab_size or width)
-        return apply_closest_longest(scores if self.inplace else scores.clone(), tokens, s, valid, self.penalty,
-                                     self.buffer, log_v)
+class ClosestLongestLZLogitsProcessor(LZPenaltyLogitsProcessor):
+    """The ``closest_longest`` LZ penalty (the later reference penalizer): not a per-position
+    minimum, so subtracted densely (:func:`apply_closest_longest`). Arguments and the matcher as
+    :class:`LZPenaltyLogitsProcessor` (the ``codelength`` one), whose transform this one replaces."""
+
+    variant = "closest_longest"
+
+    def apply(self, input_ids, context, lengths, scores):
+        tokens, s, valid = self.matcher.match_lengths(context, lengths)
+        return apply_closest_longest(scores, tokens, s, valid, self.penalty, self.buffer, self._log_v(scores))
+
+
+_PROCESSORS = {"codelength": LZPenaltyLogitsProcessor, "closest_longest": ClosestLongestLZLogitsProcessor}
