@@ -94,3 +94,33 @@ def test_layer_check_catches_an_upward_import():
     assert layer_of("q.util.deep", layers) == 0 and layer_of("q.c", layers) is None
     assert layer_violations({"q.a": set(), "q.b": {"q.a"}}, layers) == []
     assert layer_violations({"q.a": {"q.b"}, "q.b": set()}, layers) == ["q.a (low) imports q.b (high)"]
+
+
+def file_map_names(text: str) -> set[str]:
+    """The module files design.md's "Which module owns what" map names: an entry ``rpt/x.py``, or
+    a package entry ``rpt/p/`` (its ``__init__.py``) and the ``name.py`` files its lines list."""
+    section = text.split("## Which module owns what", 1)[1].split("```", 2)[1]
+    named, head = set(), None
+    for line in section.splitlines():
+        if line.startswith("rpt/"):
+            head = line.split()[0]
+            named.add(head if head.endswith(".py") else head + "__init__.py")
+        elif not line.startswith(" "):
+            head = None
+        if head is not None and head.endswith("/"):
+            named.update(head + name for name in re.findall(r"\b(\w+\.py)\b", line))
+    return named
+
+
+def test_design_names_every_module():
+    named = file_map_names(DESIGN.read_text())
+    files = {str(path.relative_to(ROOT)) for path in module_files(ROOT, "rpt").values()}
+    assert sorted(files - named) == []
+    assert sorted(n for n in named if not (ROOT / n).is_file()) == []  # and names no module that is gone
+
+
+def test_file_map_reader_on_a_hand_made_map():
+    text = ("## Which module owns what\n\n```\nrpt/a.py   one\nrpt/p/     x.py (the x) and\n"
+            "           y.py\nstudies\nrpt/q/     z.py\n```\n")
+    assert file_map_names(text) == {"rpt/a.py", "rpt/p/__init__.py", "rpt/p/x.py", "rpt/p/y.py",
+                                    "rpt/q/__init__.py", "rpt/q/z.py"}
