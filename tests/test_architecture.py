@@ -124,3 +124,9 @@ def test_file_map_reader_on_a_hand_made_map():
             "           y.py\nstudies\nrpt/q/     z.py\n```\n")
     assert file_map_names(text) == {"rpt/a.py", "rpt/p/__init__.py", "rpt/p/x.py", "rpt/p/y.py",
                                     "rpt/q/__init__.py", "rpt/q/z.py"}
+
+
+def test_eval_scripts_stay_thin():
+    """eval/*.py parse arguments and call the library: at most about 120 lines each."""
+    long = {p.name: n for p in sorted((ROOT / "eval").glob("*.py")) if (n := len(p.read_text().splitlines())) > 120}
+    assert long == {}

@@ -171,12 +171,15 @@ def write_sweep(out: str, summary: dict) -> list[Path]:
 
 
 def evaluate(design: ctl.Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Path | None]]) -> dict:
-    from rpt.model import RPTForCausalLM  # late: transformers (seconds) only when checkpoints are evaluated
+    from rpt.sampling.loading import load_model, rpt_window_of  # late: transformers, for checkpoints
 
     truth = ctl.truth_for(hmm, design)
     evaluated = []
     for seed, checkpoint, run_dir in runs:
-        model = RPTForCausalLM.from_pretrained(checkpoint).eval()
+        window = rpt_window_of(checkpoint)
+        if window is None:
+            raise SystemExit(f"error: {checkpoint} is a plain causal LM, not an RPT checkpoint; the experiment needs one")
+        model = load_model(checkpoint, window, "cpu", torch.float32)  # the sampler's one loader; trained in float32
         if model.window < design.window:
             raise SystemExit(f"error: {checkpoint} was trained with window {model.window}; the experiment needs {design.window}")
         result = ctl.evaluate_model(model, truth, design)

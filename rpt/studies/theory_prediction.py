@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from scipy.stats import spearmanr
 
 from rpt.studies import controlled as ctl
@@ -211,10 +212,10 @@ def evaluate_arms(design: ctl.Design, truth: ctl.Truth, runs: Sequence[tuple], c
     """``runs``: ``(q, seed, checkpoint)`` per trained model (q None: the pure-NTP arm). Each model's
     exact TV_0 / TV_1 and r against the truth, its shrunk-error curve, then :func:`summarise`."""
     if load is None:
-        from rpt.model import RPTForCausalLM  # late: transformers (seconds) only for the sweep's checkpoints
+        from rpt.sampling.loading import load_model, rpt_window_of  # late: transformers, for checkpoints
 
-        def load(path):
-            return RPTForCausalLM.from_pretrained(path).eval()
+        def load(path):  # the sampler's one checkpoint loader; the sweep trains in float32 (configs/controlled_*.yaml)
+            return load_model(path, rpt_window_of(path), "cpu", torch.float32)
 
     arms, tvs = [], {}
     for q, seed, checkpoint in runs:
