@@ -130,3 +130,35 @@ def test_eval_scripts_stay_thin():
     """eval/*.py parse arguments and call the library: at most about 120 lines each."""
     long = {p.name: n for p in sorted((ROOT / "eval").glob("*.py")) if (n := len(p.read_text().splitlines())) > 120}
     assert long == {}
+
+
+def late_rpt_imports(path) -> list[tuple[int, str]]:
+    """``(line, text)`` of each ``rpt`` import inside a function of ``path`` (a late import)."""
+    import ast
+
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(func):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                if any(n == "rpt" or n.startswith("rpt.") for n in names):
+                    found.append((node.lineno, "\n".join(lines[node.lineno - 1:node.end_lineno])))
+    return sorted(set(found))
+
+
+def test_every_late_import_says_why():
+    """A late import of rpt inside a function exists only to keep a heavy dependency out of an
+    import, and says so on its line (``# late: ...``)."""
+    silent = [f"{path.relative_to(ROOT)}:{line}" for path in module_files(ROOT, "rpt").values()
+              for line, text in late_rpt_imports(path) if "# late:" not in text]
+    assert silent == []
+
+
+def test_late_import_finder_on_a_hand_made_file(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import rpt.model\n\ndef f():\n    from rpt.data import x  # late: torch\n    import json\n"
+                 "\n\ndef g():\n    def h():\n        import rpt.lora\n    return h\n")
+    assert late_rpt_imports(f) == [(4, "    from rpt.data import x  # late: torch"), (10, "        import rpt.lora")]

@@ -187,7 +187,7 @@ def score(records: Sequence[dict], problems: Sequence[dict]) -> list[dict]:
 
 # ---- the benchmark script's specification (eval/gsm8k.py) ------------------------------------------
 def _benchmark_base():
-    from rpt.benchmarks.script import Benchmark  # the skeleton pulls in torch: only scripts need it
+    from rpt.benchmarks.script import Benchmark  # late: the skeleton pulls in torch, only scripts need it
 
     return Benchmark
 

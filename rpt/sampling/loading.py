@@ -11,6 +11,7 @@ import os
 import torch
 
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model_ref import resolve_model_ref
 from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.sampling.config import SamplingConfig
 
@@ -50,8 +51,6 @@ def check_device(name: str, flag: str = "--device") -> str:
 def load_tokenizer(checkpoint: str):
     """The checkpoint's tokenizer; a missing directory is a ``FileNotFoundError``."""
     from transformers import AutoTokenizer
-
-    from rpt.model_ref import resolve_model_ref
 
     checkpoint = resolve_model_ref(checkpoint, "checkpoint", "train one first or check the path")
     try:
