@@ -27,7 +27,7 @@ import time
 import torch
 
 from rpt.sampling import randomness
-from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import (
     check_checkpoint,
     encode,
@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--reference", action="store_true",
                     help="use the slow cache-free reference sampler (the test oracle)")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the decoder's model step (fixed shapes; compiles once per query-block size)")
+    add_compile_arg(ap)
     add_sampling_args(ap)
     return ap
 

@@ -25,6 +25,7 @@ from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
 from rpt.evaluation.gsm8k import GSM8K
 from rpt.evaluation.sandbox import ISOLATION_MODES
 from rpt.evaluation.script import DTYPES, run
+from rpt.sampling.cli import add_compile_arg
 from rpt.sampling.loading import rpt_window_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--evalplus-dir", default=None, help="EvalPlus data folder (default: $RPT_EVALPLUS_DIR, "
                                                               "else ../shared/data/evalplus)")
     parser.add_argument("--batch-size", type=int, default=8)
+    add_compile_arg(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")

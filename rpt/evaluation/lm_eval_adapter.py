@@ -5,7 +5,7 @@
 
 ``model_args``: ``pretrained`` (an RPT checkpoint, or a plain HF causal LM for ``rpt_iters=0``),
 ``device``, ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), ``batch_size``, ``max_length``,
-and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
+``compile`` (``true``: decode with ``generate(compile=True)``; default off), and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
 ``confidence``, ``ptp_greedy``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``lz_penalty``,
 ``repetition_penalty``, ``token_healing``, ``seed``, ...; ``stop`` joins strings with ``|``).
 
@@ -59,7 +59,7 @@ class RPTLM(LM):
     """lm-eval's ``LM`` over an RPT checkpoint."""
 
     def __init__(self, pretrained: str, device: str = "cpu", dtype: str = "float32", batch_size: int | str = 8,
-                 max_length: int | None = None, **sampling) -> None:
+                 max_length: int | None = None, compile: bool | str = False, **sampling) -> None:
         super().__init__()
         unknown = sorted(set(sampling) - set(_FIELDS))
         if unknown:
@@ -73,6 +73,7 @@ class RPTLM(LM):
         self.config = SamplingConfig(**{"eos_token_id": self.tokenizer.eos_token_id, **self.knobs})
         check_checkpoint(self.window, self.config, str(pretrained))
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        self.compile = str(compile).lower() in ("true", "1", "yes")  # model_args arrive as strings
         self.max_length = int(max_length or getattr(self.model.config, "max_position_embeddings", 2048))
         self._device = torch.device(device)
 
@@ -113,7 +114,7 @@ class RPTLM(LM):
             budget = self.max_length - configs[key].max_new_tokens
             prompts = [self.fit(requests[i].args[0], budget) for i in indices]
             for i, result in zip(indices, generate_texts(self.model, self.tokenizer, prompts, configs[key],
-                                                         batch_size=self.batch_size)):
+                                                         batch_size=self.batch_size, compile=self.compile)):
                 out[i] = result["text"]
                 self.cache_hook.add_partial("generate_until", requests[i].args, result["text"])
         return out

@@ -32,7 +32,7 @@ from rpt.evaluation.generation import check_source_args, load_checkpoint
 from rpt.evaluation.jsonl import EvalInputError
 from rpt.evaluation.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.evaluation.sandbox import IsolationUnavailable
-from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -112,6 +112,7 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     group.add_argument("--dtype", default="float32", choices=DTYPES)
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    add_compile_arg(group)
     benchmark.add_args(parser)
     sweep.add_sweep_args(parser)
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
@@ -216,7 +217,7 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     n_samples = getattr(args, "n_samples", 1)
     generated = sweep.generate_sweep(model, tokenizer, items, settings, base, checkpoint=args.checkpoint, store=store,
                                      n_samples=n_samples, batch_size=args.batch_size,
-                                     desc=f"{benchmark.name} generate")
+                                     desc=f"{benchmark.name} generate", compile=args.compile)
     if not sweep.is_main_process():
         return 0
     records = {s.name: [benchmark.record(g["id"], g["completion"]) for g in generated[s.name]] for s in settings}

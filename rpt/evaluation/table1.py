@@ -59,6 +59,8 @@ def argv_for(run: Run, args: argparse.Namespace) -> list[str]:
         common += ["--max-new-tokens", str(args.max_new_tokens)]
     if args.fresh:
         common += ["--fresh"]
+    if getattr(args, "compile", False):
+        common += ["--compile"]
     if run.benchmark == "humaneval_plus":
         return ["--plus", *common, "--isolation", args.isolation, *_data_dir(args)]
     if run.benchmark == "mbpp_plus":
