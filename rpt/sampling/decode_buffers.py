@@ -12,14 +12,15 @@ decoder's ``close``); a decode that finds its entry lent out (a nested or concur
 the same model) gets a fresh, unpooled one that it owns and that is freed with it. The pool keeps the
 :data:`POOLED_PER_MODEL` most recently used entries of each model (a KV cache is the decode's largest
 allocation: on a 1B model at batch 16 and 2048 columns about 1 GB) and drops the least recent one
-beyond that; all of a model's entries go when the model is garbage collected (the pool holds it
-weakly) or on :func:`release_decode_buffers`. Eager decodes (``compile=False``) borrow nothing: their
+beyond that; all of a model's entries go when the model is garbage collected (the pool hangs on
+the model itself, so an entry's reference back to it is a cycle the collector frees with it, where
+a weak-keyed table would keep every model alive through its entries) or on
+:func:`release_decode_buffers`. Eager decodes (``compile=False``) borrow nothing: their
 state is the decoder's own and is freed with it.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,8 +29,7 @@ from rpt.queries import ModelQueries
 from rpt.sampling.decode_state import DecodeState, eos_slots
 
 POOLED_PER_MODEL = 2
-
-_POOL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> OrderedDict[key, DecodeBuffers]
+_ATTRIBUTE = "_rpt_decode_buffers"  # the model's pool: OrderedDict[key, DecodeBuffers], least recent first
 
 
 @dataclass(eq=False)
@@ -50,7 +50,7 @@ def buffers_key(batch: int, capacity: int, window: int, ntp_draws: int, eos_coun
 def borrow(model, key: tuple, build: Callable[[], DecodeBuffers]) -> tuple[DecodeBuffers, bool]:
     """The pooled entry of ``key`` for ``model`` (``build`` makes it the first time), marked lent, and
     whether it is pooled (False: the entry was lent out already, this fresh one is the caller's)."""
-    entries = _POOL.setdefault(model, OrderedDict())
+    entries = model.__dict__.setdefault(_ATTRIBUTE, OrderedDict())  # not a submodule, parameter or buffer
     entry = entries.get(key)
     if entry is not None and entry.lent:
         return build(), False
@@ -78,9 +78,9 @@ def give_back(entry: DecodeBuffers) -> None:
 
 def release_decode_buffers(model) -> None:
     """Drop every pooled entry of ``model`` (its KV caches, states and compiled steps) now."""
-    _POOL.pop(model, None)
+    model.__dict__.pop(_ATTRIBUTE, None)
 
 
 def pooled(model) -> list[tuple]:
     """The keys of ``model``'s pooled entries, least recently used first."""
-    return list(_POOL.get(model, {}))
+    return list(model.__dict__.get(_ATTRIBUTE, {}))

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 
 from rpt.kv_cache import sliding_window_of
-from rpt.queries import ModelQueries, capacity_bucket
+from rpt.queries import ModelQueries, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.common_step import common_step
@@ -237,7 +237,9 @@ class Decoder:
             return DecodeBuffers(ModelQueries(model, capacity),
                                  DecodeState.allocate(batch, self.last + 2, draws, eos, self.device))
         capacity = capacity_bucket(capacity, sliding_window_of(model))
-        key = buffers_key(batch, capacity, self.plan.w, draws, eos, self.compile_backend) + (self.device, model.dtype)
+        # the model's dtype, device and attention implementation fix what the pooled queries decided
+        key = buffers_key(batch, capacity, self.plan.w, draws, eos, self.compile_backend) + (
+            self.device, model.dtype, implementation_of(model))
 
         def build() -> DecodeBuffers:
             queries = ModelQueries(model, capacity, compile=True, compile_max_queries=8,

@@ -1,0 +1,67 @@
+"""The pool of compiled decodes' buffers (``rpt/sampling/decode_buffers.py``): one entry lent per bucket,
+the least recently used dropped beyond two, a lent entry never shared, everything freed with the model."""
+
+import gc
+import weakref
+
+import torch
+
+from rpt.sampling import SamplingConfig, generate
+from rpt.sampling.decode_buffers import (
+    POOLED_PER_MODEL,
+    DecodeBuffers,
+    borrow,
+    give_back,
+    pooled,
+    release_decode_buffers,
+)
+from tests.test_decoder import prompts, rpt_model
+
+
+class Model(torch.nn.Module):
+    pass
+
+
+def build(made: list):
+    def make():
+        made.append(DecodeBuffers(queries=type("Q", (), {"calls": 5})(), state=None))
+        return made[-1]
+    return make
+
+
+def test_one_entry_per_bucket_lent_once_least_recent_dropped():
+    model, made = Model(), []
+    a, pooled_a = borrow(model, ("a",), build(made))
+    assert pooled_a and a.lent and a.queries.calls == 0  # the call count starts anew per decode
+    b, pooled_b = borrow(model, ("a",), build(made))  # lent out: a fresh entry the caller owns
+    assert not pooled_b and b is not a and pooled(model) == [("a",)]
+    give_back(a)
+    again, _ = borrow(model, ("a",), build(made))
+    assert again is a and len(made) == 2
+    give_back(a)
+    borrow(model, ("b",), build(made))[0].lent = False
+    borrow(model, ("a",), build(made))[0].lent = False  # "a" most recent now
+    borrow(model, ("c",), build(made))
+    assert POOLED_PER_MODEL == 2 and pooled(model) == [("a",), ("c",)]  # "b" dropped
+    release_decode_buffers(model)
+    assert pooled(model) == []
+
+
+def test_a_lent_entry_is_not_dropped():
+    model, made = Model(), []
+    first, _ = borrow(model, ("a",), build(made))  # a decode still runs on it
+    for key in ("b", "c", "d"):
+        give_back(borrow(model, (key,), build(made))[0])
+    assert ("a",) in pooled(model) and first.lent
+
+
+def test_the_pool_goes_with_the_model():
+    """A compiled decode pools its buffers on the model; once the model is unreachable, they are freed."""
+    model = rpt_model(2).float()
+    ids, mask = prompts(2)
+    generate(model, ids, SamplingConfig(max_new_tokens=3, eos_token_id=[]), attention_mask=mask, compile="eager")
+    assert len(pooled(model)) == 1
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
