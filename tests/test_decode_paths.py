@@ -106,3 +106,38 @@ def test_flex_attention_gives_sdpas_tokens_on_every_path(monkeypatch, path):
     assert torch.equal(got.sequences, sdpa)
     assert flex.lm.config._attn_implementation == "flex_attention"  # switched for the masked calls and back
     assert bool(flex_calls) == plain  # the mask-free steps, and only they, ran on the model's own kernel
+
+
+@pytest.fixture(scope="module")
+def windows():
+    return {w: rpt_model(w) for w in (2, 3)}
+
+
+def check_compiled_case(windows, monkeypatch, case: int) -> None:
+    """``test_decoder``'s random point of the knob space (temperature, top-k/p, min-p, every penalty, LZ,
+    penalize_ptp, w, k, EOS, ragged rows), compiled (dynamo's ``eager`` backend: the same traced steps
+    as inductor, exact kernels); every other case as plain NTP with 3 compiled steps per read."""
+    from tests.test_decoder import random_config as knob_space
+
+    rng = random.Random(1000 + case)
+    knobs = knob_space(rng)
+    if case % 2:
+        knobs["rpt_iters"] = 0
+        monkeypatch.setitem(ntp_path.STEPS_PER_TRANSFER, "cpu", 3)
+    cfg = SamplingConfig(**{**knobs, "max_new_tokens": 12})
+    ids, mask = prompts(3, lengths=tuple(rng.randint(3, 9) for _ in range(3)), seed=case)
+    model = windows[cfg.rpt_window]
+    eager = generate(model, ids, cfg, attention_mask=mask)
+    compiled = generate(model, ids, cfg, attention_mask=mask, compile="eager")
+    ref = generate_reference(model, ids, cfg, attention_mask=mask)
+    assert torch.equal(compiled.sequences, eager.sequences) and torch.equal(compiled.sequences, ref.sequences), cfg
+    assert compiled.finish_reasons == eager.finish_reasons == ref.finish_reasons
+    assert compiled.stats["corrections"] == eager.stats["corrections"] == ref.stats["corrections"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(24))
+def test_compiled_decodes_over_the_knob_space_equal_eager_and_reference(windows, monkeypatch, case):
+    """Slow: each case traces its own steps (15-40 s on 2 shared cores); the default suite's compiled
+    cases are in test_compiled_ntp.py, test_compiled_rpt.py and the multi-step test above."""
+    check_compiled_case(windows, monkeypatch, case)
