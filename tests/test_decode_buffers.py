@@ -13,6 +13,7 @@ from rpt.sampling.decode_buffers import (
     borrow,
     give_back,
     pooled,
+    pooled_entries,
     release_decode_buffers,
 )
 from tests.test_decoder import prompts, rpt_model
@@ -65,3 +66,26 @@ def test_the_pool_goes_with_the_model():
     del model
     gc.collect()
     assert gone() is None
+
+
+def test_a_short_prompt_allocates_the_cache_eagerly_and_static():
+    """A prompt of at most 8 tokens is prefilled through the compiled model call; the cache's first call
+    runs eagerly all the same, so the KV is allocated outside any graph and marked static (what the
+    graph-replayed steps need: a cache allocated inside a compiled call would not be); the second decode
+    traces the prefill's graph, the third nothing."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = rpt_model(2).float()
+    cfg = SamplingConfig(max_new_tokens=4, eos_token_id=[])
+    graphs = []
+    for seed in (1, 2, 3):
+        ids = torch.randint(0, 97, (2, 4), generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(generate(model, ids, cfg, compile="eager").sequences, generate(model, ids, cfg).sequences)
+        graphs.append(counters["stats"]["unique_graphs"])
+    (entry,) = pooled_entries(model)
+    for layer in entry.queries.cache.layers:
+        for kv in (layer.keys, layer.values):
+            assert getattr(kv, "_dynamo_static_input_type", None) is not None
+    assert graphs == [1, 2, 2], graphs  # the step's; the prefill's over the allocated cache; none

@@ -84,3 +84,8 @@ def release_decode_buffers(model) -> None:
 def pooled(model) -> list[tuple]:
     """The keys of ``model``'s pooled entries, least recently used first."""
     return list(model.__dict__.get(_ATTRIBUTE, {}))
+
+
+def pooled_entries(model) -> list[DecodeBuffers]:
+    """``model``'s pooled entries, least recently used first."""
+    return list(model.__dict__.get(_ATTRIBUTE, {}).values())
