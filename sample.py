@@ -28,7 +28,7 @@ import time
 
 from rpt.entry_defaults import SAMPLE, explain_defaults
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
-from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.precision import DTYPE_CHOICES
 
 # torch, transformers and the decoders load in _main: `sample.py --help` stays under a second.
@@ -47,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="weights dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--reference", action="store_true",
                     help="use the slow cache-free reference sampler (the test oracle)")
-    ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the decoder's model step (fixed shapes; compiles once per query-block size)")
+    add_compile_arg(ap)
     add_chat_arg(ap, CHAT_HELP + " (each prompt is one user turn; the output keeps the prompt as given)")
     add_sampling_args(ap)
     return explain_defaults(ap, SAMPLE)

@@ -67,6 +67,8 @@ step lz_b8 70 python3 benchmarks/lz_penalty.py --device cuda --batch 8
 step decode_b1 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --new-tokens 128 --repeats 3
 step decode_b1_compile 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
 step decode_b16 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --compile --batch 16 --new-tokens 128 --repeats 2
+# the baseline checkout's compiled decode on the same device (issue 31: graphs vs the eager-launched compiled step)
+base decode_b1_compile_base 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
 
 step pytest_cuda 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests
 step train_tiny 90 python3 train.py --config configs/tiny.yaml precision=bf16 max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny

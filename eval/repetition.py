@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(len(mine) - len(todo))
             if todo:
                 outs = generate_texts(model, tokenizer, [p["prompt"] for p in todo], s.config(base), args.batch_size,
-                                      on_batch=bar.update)
+                                      on_batch=bar.update, compile=args.compile)
                 for p, o in zip(todo, outs):
                     rec = study.score_continuation(model, o["prompt_ids"], o["new_ids"], args.min_len, args.min_repeats)
                     store.add(item_key(s, p, args), {**rec, "id": p["id"], "text": o["text"]})

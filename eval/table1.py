@@ -28,6 +28,7 @@ from rpt.benchmarks.script import DTYPES, run
 from rpt.entry_defaults import TABLE1, explain_defaults
 from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
+from rpt.sampling.cli import add_compile_arg
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import load_tokenizer, rpt_window_of
 from rpt.sandbox import ISOLATION_MODES
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--evalplus-dir", default=None, help="EvalPlus data folder (default: $RPT_EVALPLUS_DIR, "
                                                               "else ../shared/data/evalplus)")
     parser.add_argument("--batch-size", type=int, default=8)
+    add_compile_arg(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")

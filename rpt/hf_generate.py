@@ -10,8 +10,9 @@ gives on ``RPTForCausalLM.from_pretrained`` of the same checkpoint.
 Keywords: every :class:`~rpt.sampling.SamplingConfig` field (``rpt_iters``, ``confidence``,
 ``temperature``, ``lz_penalty``, ``seed``, ...), plus the HF spellings ``do_sample`` (``False``:
 greedy; ``True`` without a temperature: temperature 1), ``max_new_tokens``, ``eos_token_id``,
-``attention_mask``, ``streamer``, ``tokenizer`` (stop strings, token healing) and
-``rpt_checkpoint`` (where the table is, default the directory the model was loaded from).
+``attention_mask``, ``streamer``, ``tokenizer`` (stop strings, token healing),
+``rpt_checkpoint`` (where the table is, default the directory the model was loaded from) and
+``compile`` (``True`` or a backend name: :func:`rpt.sampling.generate`'s ``compile``; default off).
 Returns the ``[batch, prompt + new]`` sequences like HF, or with ``return_dict_in_generate=True``
 the :class:`~rpt.sampling.GenerateOutput`. Of the model's ``generation_config`` only
 ``eos_token_id`` is read (the defaults are :class:`~rpt.sampling.SamplingConfig`'s: greedy, 256
@@ -43,7 +44,7 @@ def sampling_config(model, kwargs: dict) -> SamplingConfig:
     if unknown:
         raise ValueError(f"RPT custom_generate does not take {unknown}; it takes the SamplingConfig fields "
                          f"({', '.join(sorted(_FIELDS))}), do_sample, attention_mask, streamer, tokenizer, "
-                         "rpt_checkpoint and return_dict_in_generate")
+                         "rpt_checkpoint, compile and return_dict_in_generate")
     fields = {k: v for k, v in kwargs.items() if k in _FIELDS and v is not None}
     do_sample = kwargs.get("do_sample")
     if do_sample is False:
@@ -74,7 +75,8 @@ def rpt_model_for(model, checkpoint: str | None, rpt_iters: int):
 
 def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor | None = None,
              attention_mask: torch.Tensor | None = None, streamer=None, tokenizer=None,
-             rpt_checkpoint: str | None = None, return_dict_in_generate: bool | None = None, **kwargs):
+             rpt_checkpoint: str | None = None, return_dict_in_generate: bool | None = None,
+             compile: bool | str = False, **kwargs):
     """``model.generate``'s replacement; see the module docstring."""
     ids = input_ids if input_ids is not None else inputs
     if ids is None:
@@ -85,7 +87,7 @@ def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor 
     was_training = rpt.training
     rpt.eval()
     try:
-        out = rpt_generate(rpt, ids, config, attention_mask, tokenizer=tokenizer, streamer=streamer)
+        out = rpt_generate(rpt, ids, config, attention_mask, tokenizer=tokenizer, streamer=streamer, compile=compile)
     finally:
         rpt.train(was_training)
     return out if return_dict_in_generate else out.sequences

@@ -251,8 +251,11 @@ class ModelQueries:
         self.cache.kv_len = self.capacity
         # the graphs of a run are bounded (capacity buckets x query buckets) but may pass dynamo's
         # default limit of 8 per frame over many widths, where it would silently run eagerly
+        # the cache's first call runs eagerly: it allocates the KV there, marked static (as graph replay
+        # needs), and no graph is traced around an allocation that later calls would not repeat
+        step = self._compiled if self.cache.layers[0].is_initialized else self._step
         with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
-            logits = self._compiled(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
+            logits = step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
         if keep is None:
             return logits[:, :q]
         return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

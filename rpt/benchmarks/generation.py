@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rpt.sampling.cli import add_compile_arg
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import load_model, load_tokenizer, rpt_window_of
 from rpt.sampling.precision import DTYPE_CHOICES, resolve_dtype
@@ -16,13 +17,14 @@ from rpt.sampling.texts import complete
 
 def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """``--checkpoint`` (optional with ``required=False``, for scripts that can also run without
-    a model), ``--device``, ``--dtype``, ``--batch-size``."""
+    a model), ``--device``, ``--dtype``, ``--batch-size``, ``--compile``."""
     group = parser.add_argument_group("model")
     group.add_argument("--checkpoint", required=required, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     group.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                        help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    add_compile_arg(group)
 
 
 def load_checkpoint(checkpoint: str, device: str = "cpu", dtype: str = "float32"):
@@ -47,16 +49,18 @@ def check_source_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def generate_texts(
     model, tokenizer, prompts: Sequence[str], config: SamplingConfig, batch_size: int = 8,
-    on_batch: Callable[[int], None] | None = None, *, row_seeds: Sequence[int] | None = None,
+    on_batch: Callable[[int], None] | None = None, *, row_seeds: Sequence[int] | None = None, compile: bool = False,
 ) -> list[dict]:
     """Continuations of ``prompts``: per prompt ``text`` (cut at ``config.stop``), ``prompt_ids``,
     ``new_ids``, ``finish_reason``, ``seed``; plus the batch's decoding stats under ``stats``.
 
     Prompt i's draws are keyed by ``row_seed(config.seed, i)`` (or ``row_seeds[i]``): its text does not depend
     on ``batch_size``, and repeated prompts give different samples (:mod:`rpt.sampling.texts`).
+    ``compile``: decode with ``generate(compile=True)`` (:func:`rpt.sampling.generate`).
     """
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
-    done = complete(model, tokenizer, encoded, config, batch_size=batch_size, row_seeds=row_seeds, on_batch=on_batch)
+    done = complete(model, tokenizer, encoded, config, batch_size=batch_size, row_seeds=row_seeds, on_batch=on_batch,
+                    compile=compile)
     return [{"text": c.text, "prompt_ids": c.prompt_ids, "new_ids": c.new_ids, "finish_reason": c.finish_reason,
              "seed": c.seed, "stats": dict(c.stats)} for c in done]
 

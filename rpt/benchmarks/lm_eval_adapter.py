@@ -5,7 +5,7 @@
 
 ``model_args``: ``pretrained`` (an RPT checkpoint, or a plain HF causal LM for ``rpt_iters=0``),
 ``device``, ``dtype`` (``float32`` | ``bfloat16`` | ``float16``), ``batch_size``, ``max_length``,
-and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
+``compile`` (``true``: decode with ``generate(compile=True)``; default off), and every :class:`~rpt.sampling.SamplingConfig` field by name (``rpt_iters``, ``rpt_window``,
 ``confidence``, ``ptp_greedy``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``lz_penalty``,
 ``repetition_penalty``, ``token_healing``, ``seed``, ...; ``stop`` joins strings with ``|``).
 Each is parsed strictly (:mod:`rpt.benchmarks.model_args`): integers as integers (``rpt_iters=1.7``
@@ -31,7 +31,14 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from rpt.benchmarks.generation import generate_texts, load_checkpoint
-from rpt.benchmarks.model_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
+from rpt.benchmarks.model_args import (
+    ModelArgsError,
+    batch_size_of,
+    dtype_of,
+    max_length_of,
+    parse_bool,
+    sampling_knobs,
+)
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import check_checkpoint, check_device
 
@@ -41,7 +48,7 @@ class RPTLM(LM):
     """lm-eval's ``LM`` over an RPT checkpoint."""
 
     def __init__(self, pretrained: str | None = None, device: str = "cpu", dtype: str = "float32", batch_size: int | str = 8,
-                 max_length: int | None = None, **sampling) -> None:
+                 max_length: int | None = None, compile: bool | str = False, **sampling) -> None:
         super().__init__()
         # Every argument checked before the checkpoint is loaded (rpt.benchmarks.model_args).
         if not pretrained:
@@ -57,6 +64,7 @@ class RPTLM(LM):
         self.model, self.tokenizer, self.window = load_checkpoint(str(pretrained), device, dtype)
         self.config = SamplingConfig(**{"eos_token_id": self.tokenizer.eos_token_id, **self.knobs})
         check_checkpoint(self.window, self.config, str(pretrained))
+        self.compile = parse_bool("compile", compile)  # model_args arrive as strings: true / false, strictly
         self.max_length = int(max_length or getattr(self.model.config, "max_position_embeddings", 2048))
         self._device = torch.device(device)
 
@@ -97,7 +105,7 @@ class RPTLM(LM):
             budget = self.max_length - configs[key].max_new_tokens
             prompts = [self.fit(requests[i].args[0], budget) for i in indices]
             for i, result in zip(indices, generate_texts(self.model, self.tokenizer, prompts, configs[key],
-                                                         batch_size=self.batch_size)):
+                                                         batch_size=self.batch_size, compile=self.compile)):
                 out[i] = result["text"]
                 self.cache_hook.add_partial("generate_until", requests[i].args, result["text"])
         return out

@@ -35,7 +35,7 @@ from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
-from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sandbox import IsolationUnavailable
@@ -131,6 +131,7 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
                        help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     add_chat_arg(group, f"{CHAT_HELP}. {benchmark.chat_prompt}")
+    add_compile_arg(group)
     benchmark.add_args(parser)
     sweep.add_sweep_args(parser)
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
@@ -246,7 +247,8 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     n_samples = getattr(args, "n_samples", 1)
     generated = sweep.generate_sweep(model, tokenizer, items, settings, base, checkpoint=args.checkpoint, store=store,
                                      n_samples=n_samples, batch_size=args.batch_size,
-                                     desc=f"{benchmark.name} generate", too_long=benchmark.too_long_fix(args))
+                                     desc=f"{benchmark.name} generate", too_long=benchmark.too_long_fix(args),
+                                     compile=args.compile)
     if not sweep.is_main_process():
         return 0
     records = {s.name: [benchmark.record(g["id"], g["completion"]) for g in generated[s.name]] for s in settings}

@@ -127,7 +127,7 @@ def open_store(out: str | Path, fresh: bool = False) -> ResultStore:
 def generate_sweep(
     model, tokenizer, items: Sequence[dict], settings: Sequence[Setting], base: SamplingConfig, *,
     checkpoint: str, store: ResultStore, n_samples: int = 1, batch_size: int = 8, desc: str = "generate",
-    too_long: str = "shorten it",
+    too_long: str = "shorten it", compile: bool = False,
 ) -> dict[str, list[dict]]:
     """Completions of ``items`` (``{"id", "prompt"}``) under every setting.
 
@@ -169,7 +169,7 @@ def generate_sweep(
                 chunk = keys[start : start + batch_size]
                 # each completion keyed by (item, sample, setting), whatever batch it lands in
                 outs = generate_texts(model, tokenizer, [todo[k]["prompt"] for k in chunk], config, len(chunk),
-                                      row_seeds=[seeds[k] for k in chunk])
+                                      row_seeds=[seeds[k] for k in chunk], compile=compile)
                 batch = {"id": uuid.uuid4().hex[:12], **{s: outs[0]["stats"][s] for s in _BATCH_STATS}}
                 for key, o in zip(chunk, outs):
                     store.add(key, {"completion": o["text"], "new_tokens": len(o["new_ids"]),

@@ -64,6 +64,8 @@ def argv_for(run: Run, args: argparse.Namespace) -> list[str]:
         common += ["--fresh"]
     if getattr(args, "chat", False):
         common += ["--chat"]
+    if getattr(args, "compile", False):
+        common += ["--compile"]
     if run.benchmark == "humaneval_plus":
         return ["--plus", *common, "--isolation", args.isolation, *_data_dir(args)]
     if run.benchmark == "mbpp_plus":

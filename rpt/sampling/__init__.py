@@ -2,7 +2,9 @@
 
 Modules: :mod:`~rpt.sampling.algorithm` (RPT stated once), :mod:`~rpt.sampling.fast_decoder`
 (``generate``: batched, on a KV cache; plain NTP through :mod:`~rpt.sampling.ntp_path`, all rows as
-tensors, the common steps of greedy RPT and sampled k = 1 RPT through :mod:`~rpt.sampling.rpt_path`), :mod:`~rpt.sampling.reference` (``generate_reference``:
+tensors, the common steps of greedy RPT and sampled k = 1 RPT through :mod:`~rpt.sampling.rpt_path`;
+both steps functions of the :mod:`~rpt.sampling.decode_state`, pooled for compiled decodes by
+:mod:`~rpt.sampling.decode_buffers`), :mod:`~rpt.sampling.reference` (``generate_reference``:
 uncached, the oracle), :mod:`~rpt.sampling.proposals` and :mod:`~rpt.sampling.randomness` (the
 proposal rules and position-keyed draws both decoders share), :mod:`~rpt.sampling.prompts`,
 :mod:`~rpt.sampling.output`, :mod:`~rpt.sampling.streaming`, :mod:`~rpt.sampling.stopping`,

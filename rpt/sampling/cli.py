@@ -59,6 +59,16 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+COMPILE_HELP = ("torch.compile the decode steps (fixed shapes, buffers pooled per capacity bucket; on CUDA the "
+                "steps replay from CUDA graphs). Pays for long or many decodes on a GPU; off by default, so the "
+                "scores do not move (compiled kernels may round a near tie differently)")
+
+
+def add_compile_arg(parser) -> None:
+    """``--compile`` (off by default) on a parser or argument group of a script that decodes."""
+    parser.add_argument("--compile", action="store_true", help=COMPILE_HELP)
+
+
 def add_sampling_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] | list[str] = ()) -> argparse._ArgumentGroup:
     """Add one flag per ``SamplingConfig`` field (minus ``exclude``) in a "sampling" group."""
     group = parser.add_argument_group("sampling")

@@ -1,21 +1,23 @@
-r"""The compiled step of the batch-flat NTP path (``generate(compile=True)``, ``rpt_iters == 0``): the model
-call, the logits processors and the proposal in one ``torch.compile`` region over fixed shapes.
+r"""The NTP step of the batch-flat path (``rpt_iters == 0``) as a function of the decode state, and its
+compiled form (``generate(compile=True)``): the model call, the logits processors, the proposal and
+the stop bookkeeping in one ``torch.compile`` region over fixed shapes.
 
 Eagerly, :mod:`rpt.sampling.ntp_path` hands the processors the context ``seqs[:, : n + 1]``, whose
 width grows every step: under compile a new shape, so a new graph, each step. Here every input has a
-shape fixed for the whole decode (for every decode of the same capacity bucket):
+shape fixed for every decode of the same capacity bucket, and the same storage
+(:class:`~rpt.sampling.decode_state.DecodeState`, pooled by :mod:`rpt.sampling.decode_buffers`):
 
 * the layout ``seqs`` is ``[batch, capacity]`` (the cache's bucketed capacity, pad ids past the
-  end), and the step's column ``n`` is a 0-dim tensor, not a Python int (dynamo would specialise on
-  an int and compile a graph per step);
+  end), and the step's column ``n`` is a 0-dim tensor the step advances itself, not a Python int
+  (dynamo would specialise on an int and compile a graph per step);
 * the processors read the layout *rotated* so that column n is the last one
   (:class:`~rpt.sampling.contexts.RotatedContexts`): one shape at every step.
 
-The :class:`~rpt.sampling.proposals.Proposer` is rebuilt inside the compiled function for these
-tensor-valued conventions: dynamo runs its constructors once, while tracing, and the graph holds only
-the tensor operations. ``fullgraph=True`` makes any graph break (a host synchronisation such as
-``.item()``, or an untraceable processor) an error rather than a silent split of the step. The
-path's one device-to-host transfer per step (NaN rows and whether every row is done) stays outside.
+The step writes its token, the rows' done / end and the flags into the state and returns nothing, so
+the host may run several steps between two reads of the flags (:mod:`rpt.sampling.ntp_path`; finished
+rows are fed their pad id on the device). The :class:`~rpt.sampling.proposals.Proposer` is rebuilt
+inside the compiled function for the tensor-valued conventions: dynamo runs its constructors once,
+while tracing, and the graph holds only the tensor operations.
 """
 
 from __future__ import annotations
@@ -24,16 +26,21 @@ import torch
 
 from rpt.queries import Visibility
 from rpt.sampling.contexts import RotatedContexts
+from rpt.sampling.decode_state import DecodeState
 from rpt.sampling.proposals import nonfinite
+from rpt.sampling.step_compile import compile_step
 
 
-def settle(d, token: torch.Tensor, n, done: torch.Tensor, end: torch.Tensor):
-    """The token each row writes at column ``n + 1`` (a finished row's pad id), the rows done after it,
-    and each row's final column: the bookkeeping of one NTP step, shared by the eager and the compiled
-    step."""
-    token = torch.where(done, d.pad_id, token)
-    stop = ~done & d.ends_at(token, n + 1)
-    return token, done | stop, torch.where(stop, n + 1, end)
+def settle(s: DecodeState, token: torch.Tensor, n) -> None:
+    """Write each row's token at column ``n + 1`` (a finished row's pad id), mark the rows it ends, and
+    set the flags (any NaN row, all done): the bookkeeping of one NTP step, in place, shared by the
+    eager and the compiled step. ``n``: an int, or the state's 0-dim column inside a compiled step."""
+    token = torch.where(s.done, s.pad_id, token)
+    stop = ~s.done & s.ends_at(token, n + 1)
+    s.done |= stop
+    s.end.copy_(torch.where(stop, n + 1, s.end))
+    s.write_column(n + 1, token)
+    s.flags.copy_(torch.stack([s.bad.any(), s.done.all()]))
 
 
 def propose_fixed(config, seeds: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor, n: torch.Tensor,
@@ -46,38 +53,34 @@ def propose_fixed(config, seeds: torch.Tensor, seqs: torch.Tensor, logits: torch
     return proposer.ntp(context, logits, n + 1 - pads)
 
 
+def ntp_step(s: DecodeState, config, queries) -> None:
+    """Feed every row's token at the state's column n, write its token for n + 1, advance n: in place."""
+    n = s.n
+    column = n.view(1)
+    positions = (n - s.pads).clamp(min=0)[:, None]  # each row's position of column n
+    logits = queries.whole_cache_step(s.seqs.index_select(1, column), positions, column,
+                                      Visibility(column, s.start_cols, column))[:, 0]
+    s.bad |= nonfinite(logits) & ~s.done  # a finished row's logits (of its pad id) are never used
+    token = propose_fixed(config, s.seeds, s.seqs, logits, n, s.prompt, s.pads)[:, 0]
+    settle(s, token, n)
+    s.n.add_(1)
+
+
 class CompiledNTPStep:
-    """``step(n, done, end)``: feed every row's token at column n, propose its token for n + 1.
+    """``step(state, config, queries)``: :func:`ntp_step` compiled (on CUDA with inductor: replayed from a
+    CUDA graph, :mod:`rpt.sampling.step_compile`). Owned by the pooled
+    :class:`~rpt.sampling.decode_buffers.DecodeBuffers` whose state and queries it is called with."""
 
-    Returns ``(token, done, end, bad, flags)``: ``bad`` the rows whose logits were NaN / inf (finished
-    rows aside), ``flags`` ``[2]`` = (any bad, all done), for the caller's one transfer.
-    """
+    def __init__(self, backend, device: torch.device):
+        self._compiled = compile_step(ntp_step, backend, device)
 
-    def __init__(self, d, backend: str, logits: torch.Tensor):
-        self.d, q = d, d.queries
-        if d.seqs.shape[1] != q.capacity:
-            raise AssertionError("the compiled NTP step needs the layout as wide as the cache")
-        self.n = torch.full((), d.W - 1, dtype=torch.long, device=d.device)
-        self.prompt = torch.full_like(d.pads, d.W)  # a tensor: an int W would be a graph per prompt width
-        # One eager proposal (on a copy of the prefill's logits ``[batch, V]``, result unused): the
-        # processors fill their module-level caches (the LZ cost tables) on first use, and a cache
-        # filled while tracing changes a global that dynamo guards, so the next call would re-trace.
-        propose_fixed(d.config, d.proposer.seeds, d.seqs, logits.clone(), self.n, self.prompt, d.pads)
-        self._compiled = torch.compile(self._step, dynamic=False, fullgraph=True, backend=backend)
+    @staticmethod
+    def warm(s: DecodeState, config, logits: torch.Tensor) -> None:
+        """One eager proposal (on a copy of the prefill's logits ``[batch, V]``, result unused), once per
+        decode: the processors fill their module-level caches (the LZ cost tables) on first use, and a
+        cache filled while tracing changes a global that dynamo guards, so the next call would re-trace."""
+        propose_fixed(config, s.seeds, s.seqs, logits.clone(), s.n, s.prompt, s.pads)
 
-    def _step(self, seqs, n, done, end):
-        d, q = self.d, self.d.queries
-        column = n.view(1)
-        positions = (n - d.pads).clamp(min=0)[:, None]  # each row's position of column n
-        logits = q.whole_cache_step(seqs.index_select(1, column), positions, column,
-                                    Visibility(column, d.start_cols, column))[:, 0]
-        bad = nonfinite(logits) & ~done
-        token = propose_fixed(d.config, d.proposer.seeds, seqs, logits, n, self.prompt, d.pads)[:, 0]
-        token, done, end = settle(d, token, n, done, end)
-        return token, done, end, bad, torch.stack([bad.any(), done.all()])
-
-    def __call__(self, n: int, done: torch.Tensor, end: torch.Tensor):
-        d = self.d
-        self.n.fill_(n)  # the step's column as a tensor: one graph for every step
-        with d.queries.whole_cache_calls():
-            return self._compiled(d.seqs, self.n, done, end)
+    def __call__(self, s: DecodeState, config, queries) -> None:
+        with queries.whole_cache_calls():
+            self._compiled(s, config, queries)

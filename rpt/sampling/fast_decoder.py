@@ -39,22 +39,28 @@ row has settled a column, and gets the rows back, with the call already made, at
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
-from rpt.queries import ModelQueries, Visibility
+from rpt.kv_cache import sliding_window_of
+from rpt.queries import ModelQueries, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
+from rpt.sampling.common_step import common_step
+from rpt.sampling.compiled_ntp import CompiledNTPStep
 from rpt.sampling.compiled_rpt import CompiledRPTStep
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import GrowingContexts
+from rpt.sampling.decode_buffers import DecodeBuffers, borrow, buffers_key, give_back
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
+from rpt.sampling.decode_state import DecodeState
 from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
-from rpt.sampling.prompts import Prompts
 from rpt.sampling.proposal_layout import ProposalLayout
-from rpt.sampling.proposals import Proposer, block_proposals, raise_nonfinite
+from rpt.sampling.proposals import Proposer, block_proposals, ntp_draws, raise_nonfinite
 
 WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
@@ -117,6 +123,16 @@ class _Slot:
         self.draws = {m: draws}
 
 
+class _Query(NamedTuple):
+    """One query of a block, its columns relative to the call's column n."""
+
+    source: int  # the sequence column whose token it feeds
+    write: int  # the cache column its KV is written to
+    limit: int  # the last sequence column it sees
+    since: int  # the first column of its chain (its own column for an NTP query)
+    offset: int  # its offset row: 0 NTP, l for the l-th token of a PTP chain
+
+
 @dataclass(frozen=True)
 class _Block:
     """The query block of one call, relative to column n (the same for every row)."""
@@ -126,14 +142,13 @@ class _Block:
     keep_top: bool  # logits at column n (NTP for x_{n+1})
     keep_prev: bool  # logits at column n - 1 (NTP re-proposal of x_n)
 
-    def rows(self) -> list[tuple[int, int, int, int, int]]:
-        """Per query: (source column, write column, last visible sequence column, first column of its
-        chain, offset row), all minus n."""
-        out = [(q - self.region + 1,) * 4 + (0,) for q in range(self.region)]
+    def rows(self) -> list[_Query]:
+        """The block's queries, in order: the NTP region, then each chain."""
+        out = [_Query(*(q - self.region + 1,) * 4, offset=0) for q in range(self.region)]
         for lag in self.lags:
             first = len(out) - self.region + 1
             for m in range(lag):  # x_{j+1+m}, j = n - lag, in the next scratch column
-                out.append((m - lag + 1, first + m, -lag - 1, first, m + 1))
+                out.append(_Query(m - lag + 1, first + m, -lag - 1, first, m + 1))
         return out
 
     def keep(self) -> list[int]:
@@ -157,12 +172,13 @@ class _MadeCall:
 
 
 class _Pattern:
-    """Device tensors of one block pattern (cached: a decode uses a handful), and the layout of its
-    proposals (``draws`` NTP draws per query)."""
+    """Device tensors of one block pattern (cached in the decode state: a decode uses a handful), and
+    the layout of its proposals (``draws`` NTP draws per query). ``static``: the tensors' addresses are
+    marked static (a pooled state's, read by graph-replayed steps)."""
 
-    def __init__(self, block: _Block, device: torch.device, draws: int):
-        table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, 5)
-        self.src, self.write, self.limit, self.since, offsets = table.unbind(1)
+    def __init__(self, block: _Block, device: torch.device, draws: int, static: bool = False):
+        table = torch.tensor(block.rows(), dtype=torch.long, device=device).reshape(-1, len(_Query._fields))
+        self.src, self.write, self.limit, self.since, offsets = (c.contiguous() for c in table.unbind(1))
         self.offsets = offsets if block.lags else None
         keep = block.keep()
         q = table.shape[0]
@@ -170,56 +186,74 @@ class _Pattern:
             torch.tensor(keep, dtype=torch.long, device=device)
         self.scratch = q - block.region
         self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
+        if static:
+            for t in (self.src, self.write, self.limit, self.since, self.keep):
+                if isinstance(t, torch.Tensor):
+                    torch._dynamo.mark_static_address(t)
 
 
 class Decoder:
     """One ``generate`` call: the rows' programs, the device state, the model queries."""
 
     def __init__(self, model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
-                 compile: bool | str):
+                 compile: bool | str | Callable):
         self.start = start
         self.config = config = inputs.config
         self.input_ids, self.streamer = input_ids, streamer
         self.prompts = prompts = inputs.prompts
         self.budgets, self.plan, self.pad_id, self.seeds = inputs.budgets, inputs.plan, inputs.pad_id, inputs.seeds
         k = self.plan.k
-        self.device = device = input_ids.device
+        self.device = input_ids.device
         self.W = W = prompts.width
         self.last = W + self.plan.max_new - 1  # last column to generate
-        self.seqs = self._layout(prompts)  # the rows' current tokens: the processors' contexts
-        self.pads = torch.tensor(prompts.pads, device=device)
-        # for the batch-flat paths, built once: each row's last position's column, and the EOS ids
-        # (none: -1, an id no token has, keeps isin's shape fixed)
-        self.last_cols = torch.tensor(self.budgets, device=device) + (W - 1)
-        self.eos = torch.tensor(config.eos_token_ids or [-1], dtype=torch.long, device=device)
-        self.start_cols = self.pads if max(prompts.pads) > 0 else None
+        scratch = config.rpt_window * (config.rpt_window - 1) // 2 if k else 0
+        capacity = self.last + 2 + scratch + (8 if compile else 0)
+        # a backend name, or a callable backend (tests count what runs inside the compiled region)
+        self.compile_backend = (compile if not isinstance(compile, bool) else "inductor") if compile else None
+        self._lent: DecodeBuffers | None = None  # the pool's entry this decode borrowed (close gives it back)
+        self.buffers = self._buffers(model, capacity, len(prompts.rows))
+        self.queries, self.state = self.buffers.queries, self.buffers.state
+        # the rows' current tokens (the processors' contexts), budgets, seeds and EOS ids (none: -1,
+        # an id no token has, keeps isin's shape fixed) in the state's buffers
+        self.state.load(prompts.rows, W, prompts.pads, self.budgets, self.seeds, config.eos_token_ids, self.pad_id)
         healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes, W) if any(prompts.prefixes) else None
-        self.proposer = Proposer(config, W, torch.tensor(self.seeds, device=device),
-                                 pad_length=self.pads if self.start_cols is not None else None, healing=healing)
+        self.proposer = Proposer(config, W, self.state.seeds, pad_length=self.state.start_cols, healing=healing)
         # after a sweep that changes nothing, x_n is redrawn from logits already known: feed that draw
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
-        scratch = config.rpt_window * (config.rpt_window - 1) // 2 if k else 0
-        capacity = self.last + 2 + scratch + (8 if compile else 0)
-        self.compile_backend = (compile if isinstance(compile, str) else "inductor") if compile else None
-        self.queries = ModelQueries(model, capacity, compile=bool(compile), compile_max_queries=8,
-                                    compile_backend=self.compile_backend or "inductor")
         self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
-        if compile and (self.flat or ntp_path.eligible(self)):  # the compiled steps read the layout at a fixed width
-            self.seqs = torch.nn.functional.pad(self.seqs, (0, self.queries.capacity - self.seqs.shape[1]),
-                                                value=self.pad_id)
-        self._rpt_step: CompiledRPTStep | None = None  # built at its first use (compiled_rpt_step)
+        self._rpt_warm = False  # whether this decode ran the compiled RPT step's eager first step
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
-        self._patterns: dict[_Block, _Pattern] = {}
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
         self.pending: _MadeCall | None = None  # set by hand_over, taken by the next round
 
-    def _layout(self, prompts: Prompts) -> torch.Tensor:
-        seqs = torch.full((len(prompts.rows), self.last + 2), self.pad_id, dtype=torch.long)
-        for b, p in enumerate(prompts.rows):
-            seqs[b, prompts.width - len(p): prompts.width] = torch.tensor(p, dtype=torch.long)
-        return seqs.to(self.device)
+    def _buffers(self, model, capacity: int, batch: int) -> DecodeBuffers:
+        """The model queries (KV cache) and decode state: a compiled decode borrows them from the pool of
+        its bucket (:mod:`rpt.sampling.decode_buffers`, given back by :meth:`close`); an eager one
+        allocates its own (exactly ``capacity`` columns), freed with this decoder."""
+        draws, eos = ntp_draws(self.config), len(self.config.eos_token_ids)
+        if self.compile_backend is None:
+            return DecodeBuffers(ModelQueries(model, capacity),
+                                 DecodeState.allocate(batch, self.last + 2, draws, eos, self.device))
+        capacity = capacity_bucket(capacity, sliding_window_of(model))
+        # the model's dtype, device and attention implementation fix what the pooled queries decided
+        key = buffers_key(batch, capacity, self.plan.w, draws, eos, self.compile_backend) + (
+            self.device, model.dtype, implementation_of(model))
+
+        def build() -> DecodeBuffers:
+            queries = ModelQueries(model, capacity, compile=True, compile_max_queries=8,
+                                   compile_backend=self.compile_backend)
+            return DecodeBuffers(queries, DecodeState.allocate(batch, capacity, draws, eos, self.device, static=True))
+
+        self._lent, _ = borrow(model, key, build)
+        return self._lent
+
+    def close(self) -> None:
+        """Give the borrowed buffers back to the pool (a compiled decode; nothing for an eager one)."""
+        lent, self._lent = self._lent, None
+        if lent is not None:
+            give_back(lent)
 
     def _slot(self, b: int, streamer) -> _Slot:
         p = self.prompts
@@ -297,37 +331,34 @@ class Decoder:
     def apply_writes(self) -> None:
         if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
             for b, c, token in self.writes:
-                self.seqs[b, c] = token
+                self.state.seqs[b, c] = token
         elif self.writes:
             w = self.to_device(self.writes)
-            self.seqs[w[:, 0], w[:, 1]] = w[:, 2]
+            self.state.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
     def _ids(self, pattern: _Pattern, block: _Block, n: int) -> torch.Tensor:
         """``[batch, Q]`` tokens of the block: the rows' current tokens at each query's source column
         (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
-        ids = self.seqs.index_select(1, pattern.src + n)
+        ids = self.state.seqs.index_select(1, pattern.src + n)
         if self.guesses:  # column n is the region's last query
             g = self.to_device(self.guesses)
             ids[g[:, 0], block.region - 1] = g[:, 1]
         return ids
 
-    def query_inputs(self, pattern: _Pattern, ids: torch.Tensor, n) -> tuple:
-        """The block's positions, cache columns, visibility and offset rows at column n (an int, or a
-        0-dim tensor inside a compiled step)."""
-        src = pattern.src + n
-        if self.start_cols is None:  # no left padding: positions are columns
-            positions = src[None].expand(ids.shape[0], -1)
-        else:
-            positions = (src[None] - self.pads[:, None]).clamp(min=0)
-        offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
-        return positions, pattern.write + n, Visibility(pattern.limit + n, self.start_cols, pattern.since + n), offsets
+    def model_call(self, block: _Block, pattern: _Pattern, n: int) -> Callable:
+        """``call(ids, positions, columns, visibility, offsets, keep)``: the logits of a block's call at
+        column n (the eager calls: the cache up to the block's last scratch column)."""
+        plain = block.region == 1 and not block.lags and not self.state.ragged  # x_n alone sees every column
+
+        def call(ids, positions, write, vis, offsets, keep):
+            return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
+                                keep=keep, plain=plain)
+
+        return call
 
     def _call(self, block: _Block, ids: torch.Tensor, pattern: _Pattern, n: int) -> torch.Tensor:
-        positions, write, vis, offsets = self.query_inputs(pattern, ids, n)
-        plain = block.region == 1 and not block.lags and self.start_cols is None  # x_n alone sees every column
-        return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
-                            keep=pattern.keep, plain=plain)
+        return self.model_call(block, pattern, n)(ids, *self.state.query_inputs(pattern, ids, n), pattern.keep)
 
     def _iterations(self, block: _Block, chains: dict) -> torch.Tensor | None:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
@@ -342,7 +373,8 @@ class Decoder:
         caller moves it to the host with one transfer. The NTP proposal for n + 1 conditions on the token
         fed at column n (a row's guess, if it made one)."""
         fed = ids[:, block.region - 1] if block.keep_top else None
-        return block_proposals(GrowingContexts(self.proposer, self.seqs), logits, n, n - self.pads, fed, layout, its)
+        return block_proposals(GrowingContexts(self.proposer, self.state.seqs), logits, n, n - self.state.pads, fed,
+                               layout, its)
 
     def _record(self, s: _Slot, vals: list[int], block: _Block, layout: ProposalLayout, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of
@@ -374,9 +406,10 @@ class Decoder:
                 self._send(s, [answers[r.lag] for r in s.requests])
 
     def pattern(self, block: _Block) -> _Pattern:
-        pattern = self._patterns.get(block)
+        patterns = self.state.patterns
+        pattern = patterns.get(block)
         if pattern is None:
-            pattern = self._patterns[block] = _Pattern(block, self.device, self.proposer.ntp_draws)
+            pattern = patterns[block] = _Pattern(block, self.device, self.proposer.ntp_draws, self.state.static)
         return pattern
 
     def _round(self, live: list[_Slot], n: int) -> None:
@@ -393,37 +426,29 @@ class Decoder:
         raise_nonfinite([s.index for s in live if vals[s.index][ProposalLayout.flag]])
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
-    # ---- the common step of the batch-flat paths (rpt_path, compiled_rpt) ------------------------------
-    def compiled_rpt_step(self) -> CompiledRPTStep:
-        """The compiled common step (:mod:`rpt.sampling.compiled_rpt`), one per decode: built at its first
-        use, it serves every later hand-over to the batch-flat path."""
-        if self._rpt_step is None:
-            self._rpt_step = CompiledRPTStep(self, self.compile_backend)
-        return self._rpt_step
-
-    def flat_start(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the batch-flat path starts at column n (every live row has settled n): ``[batch]`` which
-        rows are live, and ``[batch, ntp_draws]`` their proposals for n + 1 (a finished row's: pad ids)."""
+    # ---- the common steps of the batch-flat paths (rpt_path, ntp_path) ------------------------------
+    def flat_start(self, n: int) -> None:
+        """Where the batch-flat RPT path starts at column n (every live row has settled n): the rows'
+        writes applied, and into the state which rows are live, their proposals for n + 1 (a finished
+        row's: pad ids) and the step's column n + 1."""
+        self.apply_writes()
         live = [s.requests is not None for s in self.slots]
         finished = [self.pad_id] * self.proposer.ntp_draws
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
-        return torch.tensor(live, device=self.device), self.to_device(draws)
+        self.state.alive.copy_(self.to_device(live).bool())
+        self.state.draws.copy_(self.to_device(draws))
+        self.state.n.fill_(n + 1)
 
-    def hand_over(self, m: int, draws: torch.Tensor, block: _Block | None = None, vals: torch.Tensor | None = None
-                  ) -> None:
+    def hand_over(self, m: int, block: _Block | None = None) -> None:
         """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
-        proposals ``draws`` ``[batch, ntp_draws]`` for m; ``block`` and ``vals``: the call the path made at
-        m, if it made one (:attr:`pending`, which the per-row round at m reuses)."""
-        seqs, draws = self.seqs[:, :m].tolist(), draws.tolist()
-        for s in self.slots:
-            if s.requests is not None:
-                s.resume(seqs[s.index], m, self.plan, draws[s.index])
-        self.pending = None if block is None else _MadeCall(m, block, vals)
-
-    def ends_at(self, token: torch.Tensor, c) -> torch.Tensor:
-        """``[batch]`` bool: rows for which ``token`` at column c is their last (an EOS id, or the last
-        column of their budget)."""
-        return (self.last_cols <= c) | torch.isin(token, self.eos)
+        proposals for m (the state's ``draws``); ``block``: the call the path made at m, if it made one,
+        whose proposals wait in the state (:attr:`pending`, which the per-row round at m reuses)."""
+        s = self.state
+        seqs, draws = s.seqs[:, :m].tolist(), s.draws.tolist()
+        for slot in self.slots:
+            if slot.requests is not None:
+                slot.resume(seqs[slot.index], m, self.plan, draws[slot.index])
+        self.pending = None if block is None else _MadeCall(m, block, s.pending_for(self.pattern(block).layout))
 
     def common_block(self, n: int) -> _Block:
         """The block of a common step at column n: every row's ``x_n`` and one PTP chain per lag of the
@@ -431,39 +456,43 @@ class Decoder:
         return _Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
                       keep_prev=False)
 
-    def common_ids(self, seqs: torch.Tensor, pattern: _Pattern, n, guess: torch.Tensor | None) -> torch.Tensor:
-        """The common step's tokens: the layout's at each query's source column, and ``guess`` ``[batch]``
-        (sampled, k = 1: x_n after an unchanged sweep) at column n, as :meth:`_ids` feeds a row's guess
-        (the chains keep ``x_n``)."""
-        ids = seqs.index_select(1, pattern.src + n)
-        if guess is not None:
-            ids[:, 0] = guess  # column n is the region's only query
-        return ids
+    def common_step(self, m: int) -> _Block:
+        """RPT's common step at column m (:func:`~rpt.sampling.common_step.common_step`), in place on the
+        state; compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers) for
+        ``W < m < last`` when the decode compiles. Returns the call's block."""
+        block = self.common_block(m)
+        pattern, s = self.pattern(block), self.state
+        final_draw = self.proposer.ntp_draws > 1 and m > self.W  # sampled: x_m's redraw after the sweep
+        if self.compile_backend is not None and self.W < m < self.last:
+            step = self.buffers.steps.get("rpt")
+            if step is None:
+                step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
+            step(s, self.config, self.queries, pattern, block.lags, final_draw, not self._rpt_warm)
+            self._rpt_warm = True
+            return block
+        common_step(s, self.config, m, pattern, block.lags, final_draw, GrowingContexts(self.proposer, s.seqs),
+                    self.model_call(block, pattern, m), s.pending_for(pattern.layout))
+        return block
 
-    def common_iterations(self, lags: tuple[int, ...], batch: int) -> torch.Tensor | None:
-        """The common step's sweep draws are keyed by iteration 1 (argmax proposals draw nothing)."""
-        if not lags or self.proposer.ptp_samples_greedy:
+    def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
+        """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
+        per decode on the prefill's logits ``[batch, V]`` (:meth:`CompiledNTPStep.warm`)."""
+        if self.compile_backend is None:
             return None
-        return torch.ones((len(lags), batch), dtype=torch.long, device=self.device)
-
-    def call_block(self, n: int, guess: torch.Tensor | None = None) -> tuple[_Block, ProposalLayout, torch.Tensor]:
-        """The call of a common step at column n (:mod:`rpt.sampling.rpt_path`): its block, the layout of
-        its proposals and the proposals (on the device)."""
-        block = self.common_block(n)
-        pattern = self.pattern(block)
-        ids = self.common_ids(self.seqs, pattern, n, guess)
-        its = self.common_iterations(block.lags, ids.shape[0])
-        return block, pattern.layout, self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout,
-                                                      its, n)
+        step = self.buffers.steps.get("ntp")
+        if step is None:
+            step = self.buffers.steps["ntp"] = CompiledNTPStep(self.compile_backend, self.device)
+        step.warm(self.state, self.config, prefill)
+        return step
 
     def ntp_logits(self, region: int, n: int) -> torch.Tensor:
         """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
-        .. n`` as NTP queries (the batch-flat NTP path's only call, :mod:`rpt.sampling.ntp_path`)."""
+        .. n`` as NTP queries (the batch-flat NTP path's eager call, :mod:`rpt.sampling.ntp_path`)."""
         block = _Block(region, (), keep_top=True, keep_prev=False)
         pattern = self.pattern(block)
         # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
-        return self._call(block, self.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format),
-                          pattern, n)
+        ids = self.state.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format)
+        return self._call(block, ids, pattern, n)
 
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
@@ -492,7 +521,7 @@ class Decoder:
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_mask: torch.Tensor | None = None,
              *, tokenizer=None, streamer=None, row_seeds: list[int] | None = None,
-             compile: bool | str = False) -> GenerateOutput:
+             compile: bool | str | Callable = False) -> GenerateOutput:
     """Sample continuations of ``input_ids`` (``[batch, T]``, left-padded with ``attention_mask``) with RPT.
 
     Args:
@@ -513,8 +542,12 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
             same seed gives a row the same tokens in any batch and in :func:`generate_reference` in
             float32 / float64; in bfloat16 / float16 a batch's kernels may round a logit differently
             and so move a near tie (as in Hugging Face ``generate``).
-        compile: compile the model step with ``torch.compile`` (fixed shapes: the query block is
-            padded to a bucket size, the whole cache attended); a string names the backend.
+        compile: compile the decode steps with ``torch.compile`` (fixed shapes: the query block is
+            padded to a bucket size, the whole cache attended, the decode state in static buffers
+            pooled per capacity bucket, :mod:`rpt.sampling.decode_buffers`); a string (or a callable)
+            names the backend. On a CUDA device with inductor the batch-flat steps replay from CUDA
+            graphs (:mod:`rpt.sampling.step_compile`) and plain NTP reads the host once per
+            :data:`~rpt.sampling.ntp_path.STEPS_PER_TRANSFER` steps.
 
     Returns:
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
@@ -526,7 +559,11 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
             start = time.perf_counter()
             inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            out = Decoder(model, inputs, input_ids, streamer, start, compile).run()
+            decoder = Decoder(model, inputs, input_ids, streamer, start, compile)
+            try:
+                out = decoder.run()
+            finally:
+                decoder.close()
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:

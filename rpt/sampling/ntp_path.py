@@ -7,9 +7,10 @@ plain NTP sampling the program is one proposal per position and a stop check, so
 state of all rows lives in device tensors (tokens, each row's last column, which rows are done)
 and a step is a fixed run of tensor operations around one model call: propose (the same
 :class:`~rpt.sampling.proposals.Proposer`, the same position-keyed draws), write the token, mark
-rows that produced an EOS or reached their budget, and one device-to-host transfer (NaN logits
-and whether every row is done). A finished row is fed its pad id until the others finish, as in
-Hugging Face ``generate``.
+rows that produced an EOS or reached their budget, all written into the decode state in place
+(:class:`~rpt.sampling.decode_state.DecodeState`), and one device-to-host transfer (NaN logits and
+whether every row is done) per step -- per :data:`STEPS_PER_TRANSFER` compiled steps on CUDA. A
+finished row is fed its pad id until the others finish, as in Hugging Face ``generate``.
 
 It covers what needs no per-row Python: no stop strings (they decode text), no token healing
 (a per-row frontier), no streamer. The per-row driver runs everything else, and this path is tested
@@ -20,9 +21,15 @@ from __future__ import annotations
 
 import torch
 
-from rpt.sampling.compiled_ntp import CompiledNTPStep, settle
+from rpt.sampling.compiled_ntp import settle
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposals import nonfinite, raise_nonfinite
+
+# compiled steps run between two reads of the flags, per device type (1 elsewhere): on CUDA the host
+# queues several graph replays while the device runs them, as gpt-fast and vLLM do; a row that
+# finishes inside the run is fed its pad id on the device. On the CPU a read costs nothing extra (the
+# host runs every kernel itself) and a step past every row's end would be wasted.
+STEPS_PER_TRANSFER = {"cuda": 8}
 
 
 def eligible(decoder) -> bool:
@@ -31,39 +38,43 @@ def eligible(decoder) -> bool:
             and decoder.streamer is None)
 
 
-def _eager_step(d, logits: torch.Tensor, n: int, done: torch.Tensor, end: torch.Tensor):
-    """Propose every row's token for column n + 1 from its logits at n (as the compiled step does)."""
-    bad = nonfinite(logits) & ~done  # a finished row's logits (of its pad id) are never used
-    token = d.proposer.ntp(d.seqs[:, : n + 1], logits[:, 0], n + 1 - d.pads)[:, 0]
-    token, done, end = settle(d, token, n, done, end)
-    return token, done, end, bad, torch.stack([bad.any(), done.all()])
+def _eager_step(d, logits: torch.Tensor, n: int) -> None:
+    """Propose every row's token for column n + 1 from its logits ``[batch, V]`` at n, into the state
+    (as the compiled step does, on the growing context ``seqs[:, : n + 1]``)."""
+    s = d.state
+    s.bad |= nonfinite(logits) & ~s.done  # a finished row's logits (of its pad id) are never used
+    token = d.proposer.ntp(s.seqs[:, : n + 1], logits, n + 1 - s.pads)[:, 0]
+    settle(s, token, n)
 
 
 def run(d) -> GenerateOutput:
     """Decode every row of the :class:`~rpt.sampling.fast_decoder.Decoder` ``d`` to its end."""
-    W, batch = d.W, len(d.prompts.rows)
-    end = d.last_cols.clone()  # the column of each row's final token, once it is done
-    done = torch.zeros(batch, dtype=torch.bool, device=d.device)
+    s, W = d.state, d.W
     n = W - 1
     # the prefill (the prompts' columns) and its proposals run eagerly; with compile, every later step
     # (model call, processors, proposal) is one compiled function over fixed shapes
-    logits = d.ntp_logits(W, n)
-    step = CompiledNTPStep(d, d.compile_backend, logits[:, 0]) if d.compile_backend else None
-    token, done, end, bad, flags = _eager_step(d, logits, n, done, end)
+    logits = d.ntp_logits(W, n)[:, 0]
+    step = d.compiled_ntp_step(logits)
+    _eager_step(d, logits, n)
+    n += 1
+    s.n.fill_(n)
+    per_read = STEPS_PER_TRANSFER.get(d.device.type, 1) if step is not None else 1
     while True:
-        d.seqs[:, n + 1] = token
-        n += 1
-        error, finished = flags.tolist()  # the step's one transfer
+        error, finished = s.flags.tolist()  # the one transfer of the steps since the last
         if error:
-            raise_nonfinite(bad.nonzero()[:, 0].tolist())
+            raise_nonfinite(s.bad.nonzero()[:, 0].tolist())
         if finished:
             break
-        if step is not None:
-            token, done, end, bad, flags = step(n, done, end)
-        else:
-            token, done, end, bad, flags = _eager_step(d, d.ntp_logits(1, n), n, done, end)
-    counts = (end - W + 1).tolist()
-    rows = d.seqs[:, W: W + max(counts)].tolist()
+        if step is None:
+            _eager_step(d, d.ntp_logits(1, n)[:, 0], n)
+            n += 1
+            continue
+        steps = min(per_read, d.last - n)  # never past the last column a row may write
+        for _ in range(steps):
+            step(s, d.config, d.queries)
+        n += steps
+    counts = (s.end - W + 1).tolist()
+    rows = s.seqs[:, W: W + max(counts)].tolist()
     generated = [row[:c] for row, c in zip(rows, counts)]
     eos_ids = set(d.config.eos_token_ids)
     reasons = ["eos" if g and g[-1] in eos_ids else "length" for g in generated]

@@ -71,6 +71,11 @@ def _probs(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
+def ntp_draws(config: SamplingConfig) -> int:
+    """Draws per NTP query: one per RPT iteration (k + 1 keys, all from the same logits); 1 when greedy."""
+    return 1 if config.greedy else config.rpt_iters + 1
+
+
 class Proposer:
     """The NTP and PTP proposal rules of the module docstring, batched over rows.
 
@@ -90,8 +95,7 @@ class Proposer:
         self.ptp_procs = LogitsProcessorList(([healing] if healing is not None else []) + list(penalties))
         self.warpers = warper_processors(config)
         self.ptp_samples_greedy = config.ptp_greedy or config.greedy
-        # draws per NTP query: one per RPT iteration (k + 1 keys), all from the same logits
-        self.ntp_draws = 1 if config.greedy else config.rpt_iters + 1
+        self.ntp_draws = ntp_draws(config)
 
     def ntp(self, context: torch.Tensor, logits: torch.Tensor, position) -> torch.Tensor:
         """``[B, ntp_draws]``: proposals for the token at ``position`` (``[B]`` or int, each row's own

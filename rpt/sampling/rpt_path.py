@@ -34,7 +34,6 @@ import torch
 
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
-from rpt.sampling.step_events import step_flags
 
 
 def eligible(decoder) -> bool:
@@ -47,45 +46,31 @@ def eligible(decoder) -> bool:
 
 def run(d, n: int) -> int:
     """Common steps from the driver's state at column n (every live row has settled n and knows its
-    proposals for n + 1) until an event; returns the column the per-row driver goes on settling."""
-    draws_per = d.proposer.ntp_draws  # 1 (greedy) or k + 1 = 2 (sampled): x_m's draw per iteration
-    alive, draws = d.flat_start(n)
-    d.apply_writes()
+    proposals for n + 1) until an event; returns the column the per-row driver goes on settling.
+
+    The rows' state lives in ``d.state`` (:class:`~rpt.sampling.decode_state.DecodeState`): which rows
+    are live, their proposals for the step's column, the step's column, the layout; each step
+    (:meth:`~rpt.sampling.fast_decoder.Decoder.common_step`) updates it in place."""
+    s = d.state
+    d.flat_start(n)
     m = n + 1
     while True:
-        proposal = draws[:, 0]
-        d.seqs[:, m] = torch.where(alive, proposal, d.seqs[:, m])
-        # x_m once the sweep changes nothing: greedy, the proposal; sampled, sweep 1's redraw (none
-        # at the first position, which has no window)
-        final = draws[:, -1] if draws_per > 1 and m > d.W else None
-        if m == d.W and _nobody_goes_on(d, proposal, alive, m):
-            d.hand_over(m, draws)
+        if m == d.W and _nobody_goes_on(s, m):
+            s.write_column(m, torch.where(s.alive, s.draws[:, 0], s.column(m)))
+            d.hand_over(m)
             return m
-        block, layout, vals, flags = _step(d, m, final, alive)
-        bad, stop = flags.tolist()  # the step's one transfer
+        block = d.common_step(m)
+        bad, stop = s.flags.tolist()  # the step's one transfer
         if bad:
-            raise_nonfinite([b for b, (v, on) in enumerate(zip(vals[:, ProposalLayout.flag].tolist(), alive.tolist()))
-                             if v and on])
+            vals = s.pending_for(d.pattern(block).layout)
+            raise_nonfinite((vals[:, ProposalLayout.flag].bool() & s.alive).nonzero()[:, 0].tolist())
         if stop:
-            d.hand_over(m, draws, block, vals)
+            d.hand_over(m, block)
             return m
-        if final is not None:
-            d.seqs[:, m] = torch.where(alive, final, d.seqs[:, m])
-        draws = vals[:, layout.top]
         m += 1
 
 
-def _nobody_goes_on(d, x_m: torch.Tensor, alive: torch.Tensor, m: int) -> bool:
-    """At the first position (no window yet): whether every live row ends at m, where the per-row driver
-    makes no call, so neither may this (a host read, at the first position only)."""
-    return not bool((alive & ~d.ends_at(x_m, m)).any())
-
-
-def _step(d, m: int, final: torch.Tensor | None, alive: torch.Tensor):
-    """The call at column m, its proposals and :func:`~rpt.sampling.step_events.step_flags`; compiled
-    (:mod:`rpt.sampling.compiled_rpt`) for ``W < m < last`` when the decode compiles."""
-    if d.compile_backend is not None and d.W < m < d.last:
-        return d.compiled_rpt_step()(m, final, alive)
-    block, layout, vals = d.call_block(m, guess=final)
-    x_m = d.seqs[:, m] if final is None else final
-    return block, layout, vals, step_flags(d, d.seqs, vals, layout, x_m, alive, m)
+def _nobody_goes_on(s, m: int) -> bool:
+    """At the first position (no window yet): whether every live row ends at m with its proposal, where
+    the per-row driver makes no call, so neither may this (a host read, at the first position only)."""
+    return not bool((s.alive & ~s.ends_at(s.draws[:, 0], m)).any())

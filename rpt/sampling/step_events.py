@@ -26,9 +26,10 @@ def events(seqs: torch.Tensor, vals: torch.Tensor, layout: ProposalLayout, m) ->
     return (accepted & (tokens != current)).any(1)
 
 
-def step_flags(d, seqs: torch.Tensor, vals: torch.Tensor, layout: ProposalLayout, x_m: torch.Tensor,
+def step_flags(s, seqs: torch.Tensor, vals: torch.Tensor, layout: ProposalLayout, x_m: torch.Tensor,
                alive: torch.Tensor, m) -> torch.Tensor:
     """``[2]``: whether any live row's logits were NaN / inf, and whether any live row has an event (an
-    accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer."""
-    event = events(seqs, vals, layout, m) | d.ends_at(x_m, m)
+    accepted correction, or ``x_m`` is its last token: EOS or its budget), for the step's one transfer.
+    ``s``: the :class:`~rpt.sampling.decode_state.DecodeState` (its rows' budgets and EOS ids)."""
+    event = events(seqs, vals, layout, m) | s.ends_at(x_m, m)
     return torch.stack([(vals[:, layout.flag].bool() & alive).any(), (event & alive).any()])

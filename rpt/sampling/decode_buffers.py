@@ -1,0 +1,91 @@
+r"""The buffers a compiled decode borrows, pooled per model and bucket, so that every decode of a bucket
+runs its compiled (on CUDA: graph-replayed) steps on the same storage.
+
+A bucket is ``(batch, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
+capacity is rounded up (:func:`rpt.queries.capacity_bucket`), so decodes of many prompt widths share
+one entry, one set of compiled graphs and no re-capture.
+
+**Who owns what, and when it is freed.** The pool owns its entries. An entry -- the
+:class:`~rpt.queries.ModelQueries` with its KV cache, the :class:`~rpt.sampling.decode_state.DecodeState`
+and the compiled steps reading them -- is *lent* to one decode at a time (:func:`borrow` ... the
+decoder's ``close``); a decode that finds its entry lent out (a nested or concurrent ``generate`` on
+the same model) gets a fresh, unpooled one that it owns and that is freed with it. The pool keeps the
+:data:`POOLED_PER_MODEL` most recently used entries of each model (a KV cache is the decode's largest
+allocation: on a 1B model at batch 16 and 2048 columns about 1 GB) and drops the least recent one
+beyond that; all of a model's entries go when the model is garbage collected (the pool hangs on
+the model itself, so an entry's reference back to it is a cycle the collector frees with it, where
+a weak-keyed table would keep every model alive through its entries) or on
+:func:`release_decode_buffers`. Eager decodes (``compile=False``) borrow nothing: their
+state is the decoder's own and is freed with it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rpt.queries import ModelQueries
+from rpt.sampling.decode_state import DecodeState, eos_slots
+
+POOLED_PER_MODEL = 2
+_ATTRIBUTE = "_rpt_decode_buffers"  # the model's pool: OrderedDict[key, DecodeBuffers], least recent first
+
+
+@dataclass(eq=False)
+class DecodeBuffers:
+    """One bucket's model queries (KV cache), decode state and compiled steps (built at first use)."""
+
+    queries: ModelQueries
+    state: DecodeState
+    steps: dict = field(default_factory=dict)  # name -> compiled step (compiled_ntp / compiled_rpt)
+    lent: bool = False
+
+
+def buffers_key(batch: int, capacity: int, window: int, ntp_draws: int, eos_count: int, backend) -> tuple:
+    """The bucket of a decode: what fixes the buffers' shapes and the compiled steps' graphs."""
+    return batch, capacity, window, ntp_draws, eos_slots(eos_count), backend
+
+
+def borrow(model, key: tuple, build: Callable[[], DecodeBuffers]) -> tuple[DecodeBuffers, bool]:
+    """The pooled entry of ``key`` for ``model`` (``build`` makes it the first time), marked lent, and
+    whether it is pooled (False: the entry was lent out already, this fresh one is the caller's)."""
+    entries = model.__dict__.setdefault(_ATTRIBUTE, OrderedDict())  # not a submodule, parameter or buffer
+    entry = entries.get(key)
+    if entry is not None and entry.lent:
+        return build(), False
+    if entry is None:
+        entry = entries[key] = build()
+        _evict(entries, key)
+    entries.move_to_end(key)
+    entry.lent = True
+    entry.queries.calls = 0  # the forward-pass count is per decode
+    return entry, True
+
+
+def _evict(entries: OrderedDict, keep: tuple) -> None:
+    """Drop the least recently used entries that are not lent beyond :data:`POOLED_PER_MODEL`."""
+    for key in [k for k, e in entries.items() if not e.lent and k != keep]:
+        if len(entries) <= POOLED_PER_MODEL:
+            return
+        del entries[key]  # nothing else holds it (it is not lent): its tensors are freed now
+
+
+def give_back(entry: DecodeBuffers) -> None:
+    """The decode is over: the entry may be lent again."""
+    entry.lent = False
+
+
+def release_decode_buffers(model) -> None:
+    """Drop every pooled entry of ``model`` (its KV caches, states and compiled steps) now."""
+    model.__dict__.pop(_ATTRIBUTE, None)
+
+
+def pooled(model) -> list[tuple]:
+    """The keys of ``model``'s pooled entries, least recently used first."""
+    return list(model.__dict__.get(_ATTRIBUTE, {}))
+
+
+def pooled_entries(model) -> list[DecodeBuffers]:
+    """``model``'s pooled entries, least recently used first."""
+    return list(model.__dict__.get(_ATTRIBUTE, {}).values())

@@ -1,0 +1,35 @@
+r"""How the batch-flat decode steps are compiled: one place that picks ``torch.compile``'s mode.
+
+On a CUDA device with the inductor backend, ``compile=True`` means CUDA graphs without a second flag:
+``mode="reduce-overhead"`` (inductor's CUDA-graph trees) rather than an explicit ``torch.cuda.CUDAGraph``
+around the compiled step. Both replay the whole step (model call over the static KV cache, processors,
+proposals, event flags) as one graph launch; the trees also do what a hand-held graph would have to
+re-implement and could get silently wrong: warm-up runs before capture, one memory pool shared by
+the graphs of a decode (one per window shape), a re-record instead of a stale replay when a guard
+fails (a new sampling config), and a check of every input's address, copying any that is not static
+(the decode state and KV cache are static: :mod:`rpt.sampling.decode_state`, so nothing is copied).
+The steps return nothing (their results are written into the state in place), so no graph output is
+overwritten by the next replay while the host still holds it.
+
+Elsewhere (the CPU, or a named backend) the step is compiled with that backend and no graphs.
+``fullgraph=True`` everywhere: a graph break (a host synchronisation, an untraceable processor) is an
+error, not a silent split of the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def graphs_on(device: torch.device, backend) -> bool:
+    """Whether steps compiled with ``backend`` on ``device`` replay as CUDA graphs."""
+    return device.type == "cuda" and backend == "inductor"
+
+
+def compile_step(fn: Callable, backend, device: torch.device) -> Callable:
+    """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor."""
+    if graphs_on(device, backend):
+        return torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True)
+    return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
