@@ -237,6 +237,23 @@ def test_gsm8k_checkpoint_sweep_and_resume(scripts, ckpt, calls, tmp_path):
     assert n_prompts(calls) == 8
 
 
+def test_stored_generations_are_not_reused_for_another_dtype_or_retrained_weights(scripts, ckpt, calls, tmp_path):
+    """The resume key holds what a completion depends on beyond the path: the weights' dtype, and
+    the checkpoint's files (a checkpoint rewritten in place is another model)."""
+    import shutil
+
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt["rpt"], copy)
+    argv = ["--checkpoint", str(copy), "--data", str(DATA / "test.jsonl"), "--limit", "2", "--shots", "1",
+            "--rpt-iters", "0", "--max-new-tokens", "4", "--out", str(tmp_path / "g.json")]
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2  # same weights: resumed
+    assert scripts["gsm8k"].main([*argv, "--dtype", "bfloat16"]) == 0 and n_prompts(calls) == 4
+    weights = copy / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # rewritten in place
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 6
+
+
 @needs_data
 def test_plain_checkpoint_runs_without_rpt(scripts, ckpt, calls, tmp_path):
     out = tmp_path / "g.json"

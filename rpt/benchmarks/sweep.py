@@ -7,8 +7,8 @@ scripts share:
 * :class:`Setting` / :func:`sweep_settings`: the settings (``rpt_iters`` outer, ``temperature``
   inner, in the order given), each turning a base :class:`SamplingConfig` into its own;
 * :func:`generate_sweep`: completions for every (item, sample, setting), resumable through a
-  :class:`~rpt.report.ResultStore` (key: item, sample index, checkpoint path, the full
-  sampling config and the prompt), with a progress bar, split across processes under
+  :class:`~rpt.report.ResultStore` (key: item, sample index, checkpoint path, the weights'
+  dtype, device type and files (:func:`weights_fingerprint`), the full sampling config and the prompt), with a progress bar, split across processes under
   ``accelerate launch``; each completion draws with a seed hashed from (seed, item, sample index,
   setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume;
 * :func:`decoding_stats`, :func:`best_of_temperatures`, :func:`settings_table` and
@@ -78,8 +78,23 @@ def sweep_settings(rpt_iters: Sequence[int], temperatures: Sequence[float]) -> l
     return list(dict.fromkeys(Setting(int(k), float(t)) for k in rpt_iters for t in temperatures))
 
 
-def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int, prompt: str) -> str:
-    """Resume key of one completion: everything it depends on.
+def weights_fingerprint(checkpoint: str, model) -> str:
+    """What the completions depend on beyond the path: the weights' dtype and device type (bf16 and
+    float32, or CPU and CUDA kernels, may pick different tokens) and, for a local checkpoint, the
+    size and modification time of each top-level file (a checkpoint retrained in place is new)."""
+    param = next(model.parameters())
+    parts = [str(param.dtype), param.device.type]
+    path = os.path.expanduser(checkpoint)
+    if os.path.isdir(path):
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            if entry.is_file():
+                stat = entry.stat()
+                parts.append(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
+
+
+def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int, prompt: str, weights: str = "") -> str:
+    """Resume key of one completion: everything it depends on (``weights``: :func:`weights_fingerprint`).
 
     A deterministic config (greedy, no sampled PTP proposals) gives every sample of an item the
     same key, so the completion is generated once and reused for all ``n_samples``.
@@ -87,8 +102,8 @@ def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int
     if os.path.exists(os.path.expanduser(checkpoint)):
         checkpoint = os.path.abspath(os.path.expanduser(checkpoint))
     sample = 0 if config.deterministic else sample
-    spec = json.dumps({"checkpoint": checkpoint, "config": dataclasses.asdict(config), "item": item_id,
-                       "sample": sample, "prompt": prompt}, sort_keys=True, default=str)
+    spec = json.dumps({"checkpoint": checkpoint, "weights": weights, "config": dataclasses.asdict(config),
+                       "item": item_id, "sample": sample, "prompt": prompt}, sort_keys=True, default=str)
     return f"gen:{item_id}:{sample}:{hashlib.sha1(spec.encode()).hexdigest()[:20]}"
 
 
@@ -145,12 +160,13 @@ def generate_sweep(
     encode(tokenizer, list(items), model, fix=too_long)  # every prompt fits the context: one clear error, up front
     mine, gather = split_across_processes(list(items))
     seed = 0 if base.seed is None else base.seed  # an evaluation is reproducible without --seed
+    weights = weights_fingerprint(checkpoint, model)  # another --dtype or a retrained checkpoint: new completions
     out: dict[str, list[dict]] = {}
     with tqdm(total=len(settings) * len(mine) * n_samples, desc=desc, unit="gen",
               disable=not is_main_process()) as bar:
         for setting in settings:
             config = setting.config(base)
-            jobs = [(item, j, generation_key(checkpoint, config, item["id"], j, item["prompt"]))
+            jobs = [(item, j, generation_key(checkpoint, config, item["id"], j, item["prompt"], weights))
                     for item in mine for j in range(n_samples)]
             todo: dict[str, dict] = {}
             seeds: dict[str, int] = {}
