@@ -15,9 +15,9 @@ from rpt.sampling.precision import DTYPE_CHOICES, resolve_dtype
 from rpt.sampling.texts import complete
 
 
-def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._ArgumentGroup:
     """``--checkpoint`` (optional with ``required=False``, for scripts that can also run without
-    a model), ``--device``, ``--dtype``, ``--batch-size``, ``--compile``."""
+    a model), ``--device``, ``--dtype``, ``--batch-size``, ``--compile``; returns their group."""
     group = parser.add_argument_group("model")
     group.add_argument("--checkpoint", required=required, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
     group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -25,6 +25,7 @@ def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> No
                        help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     add_compile_arg(group)
+    return group
 
 
 def load_checkpoint(checkpoint: str, device: str = "cpu", dtype: str = "float32"):

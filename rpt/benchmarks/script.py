@@ -25,17 +25,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from rpt.benchmarks import sweep
-from rpt.benchmarks.generation import check_source_args, load_checkpoint
+from rpt.benchmarks.generation import add_model_args, check_source_args, load_checkpoint
 from rpt.benchmarks.jsonl import EvalInputError
 from rpt.entry_defaults import explain_defaults
 from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
-from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
+from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sandbox import IsolationUnavailable
@@ -124,14 +122,8 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--out", default=benchmark.default_out, help="output JSON; .md/.png/.items.jsonl go beside it")
     parser.add_argument("--fresh", action="store_true", help="ignore finished items of an earlier run on this --out")
-    group = parser.add_argument_group("model")
-    group.add_argument("--checkpoint", default=None, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
-    group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    group.add_argument("--dtype", default="float32", choices=DTYPES,
-                       help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
-    group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
+    group = add_model_args(parser, required=False)  # --checkpoint or --completions
     add_chat_arg(group, f"{CHAT_HELP}. {benchmark.chat_prompt}")
-    add_compile_arg(group)
     benchmark.add_args(parser)
     sweep.add_sweep_args(parser)
     add_sampling_args(parser, exclude=sweep.SWEPT_KNOBS)
