@@ -50,3 +50,22 @@ def test_named_columns_hold_the_proposals_they_name(temperature, keep_top, keep_
         assert torch.equal(tokens[:, i], want_tokens) and torch.equal(accepted[:, i], want_accepted)
         for b, row in enumerate(vals.tolist()):
             assert layout.answers(row)[lag] == (int(want_tokens[b]), bool(want_accepted[b]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_acceptance_is_the_softmax_at_the_argmax_against_a_float64_oracle(dtype):
+    """greedy PTP's (token, p > confidence) without a softmax buffer, against softmax in float64;
+    rows built so that the argmax's probability sits on both sides of the thresholds."""
+    from rpt.sampling.proposals import greedy_acceptance
+
+    g = torch.Generator().manual_seed(0)
+    scores = (torch.randn(64, 300, generator=g, dtype=torch.float64) * torch.linspace(0.1, 8, 64)[:, None]).to(dtype)
+    want_p = torch.softmax(scores.double(), -1)
+    want_tok = want_p.argmax(-1)
+    for confidence in (0.05, 0.5, 0.9):
+        tokens, accepted = greedy_acceptance(scores.clone(), confidence)
+        assert torch.equal(tokens, want_tok)
+        p = want_p.gather(-1, want_tok[:, None])[:, 0]
+        clear = (p - confidence).abs() > 1e-5  # away from the threshold, float rounding cannot flip it
+        assert torch.equal(accepted[clear], (p > confidence)[clear])
+        assert clear.sum() > 50 and 0 < accepted.sum() < 64

@@ -71,6 +71,17 @@ def _probs(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
+def greedy_acceptance(scores: torch.Tensor, confidence: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(argmax, softmax(scores)[argmax] > confidence)`` per row. Overwrites ``scores`` (float32 or
+    wider; half precision is promoted first, as :func:`_probs` does)."""
+    tokens = first_argmax(scores)
+    s = scores if scores.dtype.itemsize >= 4 else scores.float()
+    top = s.gather(-1, tokens[:, None])
+    # the argmax's probability is exp(0) / sum(exp(s - top)); in place, because a fresh [batch, V]
+    # softmax buffer per lag per step is what grows the CPU's host time with the batch (RESULTS.md)
+    return tokens, s.sub_(top).exp_().sum(-1).reciprocal() > confidence
+
+
 def ntp_draws(config: SamplingConfig) -> int:
     """Draws per NTP query: one per RPT iteration (k + 1 keys, all from the same logits); 1 when greedy."""
     return 1 if config.greedy else config.rpt_iters + 1
@@ -112,11 +123,9 @@ class Proposer:
         """``(tokens, accepted)``, each ``[B]``: proposals for ``x_j`` with ``context = x_{<j}``, drawn for
         window position ``position`` (t), ``iteration`` and ``lag = t - j``. May overwrite ``logits``."""
         scores = apply(self.ptp_procs, context, logits)
-        probs = _probs(scores)
         if self.ptp_samples_greedy:  # the argmax and its probability
-            tokens = first_argmax(probs)
-            # the probability at the argmax is the row's maximum: a gather, not a second pass over V
-            return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
+            return greedy_acceptance(scores, self.config.confidence)
+        probs = _probs(scores)
         # no warper (temperature 1, no truncation): the draw's distribution is the acceptance's, so its
         # softmax is not computed twice (a [batch, V] pass per lag per step)
         dist = probs if not self.warpers else _probs(apply(self.warpers, context, scores))
