@@ -23,6 +23,7 @@ def corpus_config(tmp_path, **kw) -> str:
     return write_config(tmp_path, data={"path": path}, max_steps=2, save_every=100, eval_every=2, **kw)
 
 
+@pytest.mark.slow  # 20+ s; test_out_dir_trains_as_a_token_source trains from a prepared store in the default suite
 def test_prepare_then_train_reads_the_same_store(tmp_path):
     cfg = corpus_config(tmp_path)
     res = prepare("--config", cfg, "--num-proc", "2")

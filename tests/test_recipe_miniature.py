@@ -43,6 +43,9 @@ def run_to_3_then_resume_to_6(tmp_path, launch: str, port: int, **overrides):
     return run
 
 
+# slow (25 s): two processes are in the default suite through test_training.py's DDP equality test, a
+# streamed resume through test_training_resume_data.py
+@pytest.mark.slow
 def test_two_process_ddp_streaming_recipe(tmp_path):
     run = run_to_3_then_resume_to_6(tmp_path, os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), 29631)
     assert sorted(os.listdir(run / "checkpoint-6" / "data_state")) == ["rank-0.pt", "rank-1.pt"]

@@ -60,7 +60,8 @@ def test_train_end_to_end_writes_everything(tmp_path):
     assert not [n for n in os.listdir(run) if n.endswith(".tmp")]
 
 
-@pytest.mark.parametrize("data", ["text", "tokens"])
+# the text variant is slow-marked (20 s): the default suite kills and resumes the token-store run
+@pytest.mark.parametrize("data", [pytest.param("text", marks=pytest.mark.slow), "tokens"])
 def test_killed_run_resumes_exactly(tmp_path, data):
     """Text data (a token store prepared on the fly) and a store named directly ({tokens: DIR},
     written by prepare_data.py): SIGKILL after checkpoint-20, resume, the same losses."""
