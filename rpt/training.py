@@ -171,6 +171,7 @@ class LossMeter:
         self.sums = torch.zeros(window, dtype=torch.float64, device=device)
         self.counts = torch.zeros_like(self.sums)
         self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.first_bad = torch.zeros((), dtype=torch.long, device=device)  # first step with a NaN / inf loss; 0: none
         self.n = 0
 
     def add(self, out) -> None:
@@ -178,6 +179,11 @@ class LossMeter:
         self.sums += out.kind_loss_sum.detach().double()
         self.counts += out.kind_count.detach().double()
         self.n += 1
+
+    def note_step(self, step: int) -> None:
+        """Record ``step`` if the loss became NaN or inf in it, on the device: no host read per step
+        (the loss is a running sum, so it stays non-finite until :meth:`reset`)."""
+        self.first_bad.copy_(torch.where((self.first_bad == 0) & ~torch.isfinite(self.loss), step, self.first_bad))
 
     def reduce(self, accelerator, prefix: str = "") -> dict[str, float | None]:
         sums, counts = accelerator.reduce(self.sums, "sum"), accelerator.reduce(self.counts, "sum")
@@ -525,7 +531,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             meter.add(out)
-        stop_if_not_finite(accelerator, meter, step, cfg, bar)
+        meter.note_step(step)
+        logs = step % cfg.log_every == 0 or step == cfg.max_steps
+        evals = val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps)
+        saves = step % cfg.save_every == 0 or step == cfg.max_steps
+        if logs or evals or saves:  # the check's one host read, where a result of the step would be kept
+            stop_if_not_finite(accelerator, meter, cfg, bar)
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         speed.add(global_batch * cfg.seq_len)
@@ -533,13 +544,13 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         position = start_position + (step - start_step) * global_batch  # samples read after this step
         row: dict[str, Any] = {}
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
+        if logs:
             row = {"step": step, **meter.reduce(accelerator), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None, **speed.row(),
                    "peak_mem_mb": peak_memory_all_ranks(accelerator), "data_position": position}
             meter.reset()
         # Its own schedule: evaluating only on logged steps skipped eval_every steps log_every misses.
-        if val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+        if evals:
             metrics, per_batch = evaluate(model, cfg, val, accelerator)
             row = {"step": step, **row, **metrics}
             if main:  # the latest evaluation's per-batch sums (intervals over validation batches)
@@ -555,7 +566,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             last = row
             speed.restart()  # evaluation and logging time is not training throughput
 
-        if step % cfg.save_every == 0 or step == cfg.max_steps:
+        if saves:
             save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict())
             speed.restart()
     bar.close()
@@ -580,13 +591,20 @@ class TrainingDiverged(ValueError):
     """The training loss became NaN or inf: the run stops (its last checkpoint is kept)."""
 
 
-def stop_if_not_finite(accelerator, meter: LossMeter, step: int, cfg: TrainConfig, bar=None) -> None:
-    """Stop every rank together when any rank's loss this step is not finite (a reduced flag, so
-    no rank is left waiting in the next collective); nothing of this step is saved."""
-    bad = (~torch.isfinite(meter.loss)).to(torch.float32).reshape(1)
+_NO_BAD_STEP = 2.0**52  # above any step; exact in float64
+
+
+def stop_if_not_finite(accelerator, meter: LossMeter, cfg: TrainConfig, bar=None) -> None:
+    """Stop every rank together when any rank's loss became NaN or inf since the last check (a reduced
+    value, so no rank is left waiting in the next collective), naming the earliest such step;
+    called before anything of the step is logged, evaluated or saved."""
+    # the earliest bad step over ranks as a max of (_NO_BAD_STEP - step), 0 where a rank has none
+    bad = torch.where(meter.first_bad > 0, _NO_BAD_STEP - meter.first_bad.double(), 0.0).reshape(1)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad, "max")
-    if float(bad) > 0:
+    earliest = float(bad)
+    if earliest > 0:
+        step = int(_NO_BAD_STEP - earliest)
         if bar is not None:
             bar.close()  # the error goes on a line of its own, after the progress bar's
         kept = latest_checkpoint(cfg.output_dir)

@@ -60,6 +60,28 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkp
     assert not (run / "final").exists()
 
 
+
+def test_the_nan_check_reads_the_host_only_where_a_step_is_kept_and_still_names_the_first_bad_step(tmp_path, capsys,
+                                                                                                     monkeypatch):
+    """Between log, evaluation and save steps the check stays on the device (no host sync per step);
+    the step it names is still the first whose loss was not finite (the every-step run's)."""
+    from rpt import training
+
+    cfg = write_config(tmp_path, **DIVERGES)
+    assert train_main(cfg) == 2
+    bad_step = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")][-1] + 1
+    capsys.readouterr()
+    reads = []
+    real = training.stop_if_not_finite
+    monkeypatch.setattr(training, "stop_if_not_finite", lambda *a, **k: (reads.append(1), real(*a, **k)))
+    sparse = {"log_every": 4, "save_every": 4}
+    assert train_main(cfg, f"output_dir={tmp_path / 'sparse'}", *(f"{k}={v}" for k, v in sparse.items())) == 2
+    assert f"became NaN or inf at step {bad_step};" in one_error_line(capsys.readouterr().err)
+    checks = [s for s in range(1, DIVERGES["max_steps"] + 1) if s % 4 == 0 or s == DIVERGES["max_steps"]]
+    assert len(reads) == len([s for s in checks if s < bad_step]) + 1  # up to the first check at or after it
+    assert not any(int(n.split("-")[1]) >= bad_step for n in os.listdir(tmp_path / "sparse") if n.startswith("checkpoint-"))
+
+
 @pytest.mark.slow
 def test_a_nan_loss_stops_both_ddp_ranks_together(tmp_path):
     cfg = write_config(tmp_path, **DIVERGES)
