@@ -170,6 +170,7 @@ def forward(model, batch: RPTBatch):
     return model(
         batch.input_ids, position_ids=batch.position_ids, offset_ids=batch.offset_ids,
         labels=batch.labels, kinds=batch.kinds, use_cache=False,
+        check_offsets=False,  # rpt.objective built them in range; the check would read the device every forward
     )
 
 
