@@ -13,6 +13,7 @@ Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -240,17 +241,17 @@ def split_record(split: Split, draws: str) -> dict[str, Any]:
     return {"micro_batch_size": split.micro, "grad_accum": split.accum, "micro_batch_choice": split.how, "draws": draws}
 
 
-def trial_step(model, cfg: TrainConfig, accelerator, micro: int) -> None:
+def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autocast=contextlib.nullcontext) -> None:
     """A forward and backward of ``micro`` random sequences as a training step runs them (the
-    micro-batch search's probe, rpt.micro_batch), on the bare model before ``prepare``: it leaves no
-    gradient and no trace in the random streams, and compiles nothing (the blocks run eagerly)."""
-    model.to(accelerator.device)
+    micro-batch search's probe, rpt.micro_batch), on the bare model (before ``prepare``) on ``device``
+    under ``autocast()``: it leaves no gradient and no trace in the random streams, and compiles nothing
+    (the blocks run eagerly; a compiled block takes less memory, not more)."""
+    model.to(device)
     vocab = model.lm.get_input_embeddings().num_embeddings
     rows = torch.randint(0, vocab, (micro, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    batch = make_batch(cfg, rows, 1, 0).to(accelerator.device)
-    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+    batch = make_batch(cfg, rows, 1, 0).to(device)
     try:
-        with torch.random.fork_rng(devices=devices), eager_blocks(), accelerator.autocast():
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), eager_blocks(), autocast():
             forward(model, batch).loss.backward()
     finally:
         model.zero_grad(set_to_none=True)
@@ -262,7 +263,8 @@ def choose_split(cfg: TrainConfig, model, accelerator, deepspeed: bool) -> Split
         return -int(accelerator.reduce(torch.tensor(-micro, device=accelerator.device), "max"))
 
     split = choose_micro_batch(cfg, accelerator.num_processes, model, accelerator.device, deepspeed,
-                               lambda micro: trial_step(model, cfg, accelerator, micro), reduce_min)
+                               lambda micro: trial_step(model, cfg, micro, accelerator.device, accelerator.autocast),
+                               reduce_min)
     if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and split.micro == 1:
         raise ConfigError("micro_batch_size: auto chose 1, and flash attention with micro_batch_size 1 reads an "
                           "RPT-permuted sequence as packed sequences; use attn_implementation: sdpa or gradient_checkpointing")

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rpt.config import TrainConfig
 from rpt.gemm_census import GemmCensus
 from rpt.model import RPTForCausalLM
+from rpt.step_profile import CATEGORIES, category, profile_steps
 from rpt.training import build_optimizer, forward, make_batch, optimizer_kernel
 
 
@@ -105,6 +106,35 @@ def test_census_counts_grouped_query_attention_on_any_torch(monkeypatch):
             with GemmCensus() as census:
                 call()
             assert census.flops[torch.float32] == 4 * 2 * products * product, call
+
+
+def test_step_profile_attributes_a_steps_time_to_its_kernels():
+    """rpt.step_profile on the CPU: one step of both objectives profiled, its time split over the five
+    categories (all present, adding up to 1), the table naming the top operations; and CUDA kernel
+    names attributed by the operation and the ranges that launched them."""
+    for objective in ("ntp", "rpt"):
+        model = llama(512, 1, 64, hidden=32)
+        cfg = train_config(objective, 64)
+        optimizer = build_optimizer(model, cfg)
+        batch = make_batch(cfg, torch.randint(0, 512, (2, 65), generator=torch.Generator().manual_seed(0)), 1, 0)
+
+        def step(model=model, batch=batch, optimizer=optimizer):
+            forward(model, batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        profile = profile_steps(step, 1)
+        shares = profile.shares()
+        assert set(shares) == set(CATEGORIES) and all(shares[c] > 0 for c in CATEGORIES), shares
+        assert sum(shares.values()) == pytest.approx(1.0)
+        table = profile.table(top=5)
+        assert "aten::mm" in table and table.splitlines()[-1].startswith("shares: gemm")
+    assert category(["aten::mm", "aten::matmul", "aten::linear"], "sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert category(["aten::mm", "LinearCrossEntropyBackward"], "sm90_xmma_gemm_bf16bf16") == "loss head"
+    assert category(["aten::_fused_adamw_", "Optimizer.step#AdamW.step"], "multi_tensor_apply_kernel") == "optimizer"
+    assert category(["aten::_flash_attention_backward"], "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert category(["aten::mul", "CompiledFunction"], "triton_poi_fused_mul_silu_0") == "elementwise & other"
+    assert category(["aten::addmm", "CompiledFunction"], "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN") == "gemm"
 
 
 def test_fused_adamw_is_chosen_where_torch_has_it():
