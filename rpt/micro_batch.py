@@ -120,9 +120,14 @@ def start_from_probes(share: int, peak_1: int, peak_2: int | None, budget: int) 
     return max(1, min(share, 1 + (budget - peak_1) // per_sequence))
 
 
+def trainable_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the trainable parameters (whole: ZeRO-3 holds a partitioned one as ``ds_numel``)."""
+    return sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def optimizer_state_bytes(model: torch.nn.Module) -> int:
     """AdamW's two moments per trainable parameter, which the first optimizer step allocates."""
-    return sum(2 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 2 * trainable_bytes(model)
 
 
 def activation_bytes_per_token(model: torch.nn.Module, precision: str, checkpointing: bool) -> int:
@@ -162,8 +167,7 @@ def estimate(cfg: TrainConfig, model: torch.nn.Module, share: int, device: torch
     """The largest divisor of ``share`` whose estimated activations, with the gradients and optimizer
     state still to be allocated, fit in the free memory less the headroom."""
     free, where = available_bytes(device)
-    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    budget = free * (1 - HEADROOM) - 3 * trainable  # gradients + AdamW's two moments
+    budget = free * (1 - HEADROOM) - 3 * trainable_bytes(model)  # gradients + AdamW's two moments
     per_sequence = activation_bytes_per_token(model, cfg.precision, cfg.gradient_checkpointing) * cfg.seq_len
     micro = next((d for d in divisors(share) if d * per_sequence <= budget), 1)
     return Split(micro, share // micro, f"{reason}: an estimate of {size(per_sequence)} per sequence against "
@@ -240,7 +244,7 @@ def choose(cfg: TrainConfig, world: int, model: torch.nn.Module, device: torch.d
         memory = DeviceMemory(device)
     if memory is not None:
         # DDP keeps a bucket per gradient beside the gradients themselves; the trial runs the bare model
-        buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) if world > 1 else 0
+        buckets = trainable_bytes(model) if world > 1 else 0
         split = searched(share, trial, memory, optimizer_state_bytes(model) + buckets)
     else:
         reason = ("DeepSpeed fixes the micro-batch in its engine before a trial step could run" if deepspeed

@@ -154,10 +154,16 @@ FAST = dict(max_steps=4, save_every=2, keep_last=5, eval_batches=0, schedule="co
             global_batch_size=8, micro_batch_size=4)
 
 
-def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_the_split(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One tokenizer and token store for the module's runs (they train on the same data)."""
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_the_split(tmp_path, capsys, cache):
     """Global batch 8: micro-batch 4 x accumulation 2, and auto (8 x 1 on the CPU), give the same losses;
     a run cut at checkpoint 2 resumed with micro-batch 2 x 4 continues with them, and records the split."""
-    cfg = write_config(tmp_path, **FAST)
+    cfg = write_config(tmp_path, **FAST, cache_dir=cache)
     assert train_main(cfg, f"output_dir={tmp_path / 'a'}") == 0
     assert train_main(cfg, f"output_dir={tmp_path / 'auto'}", "micro_batch_size=auto") == 0
     assert "micro-batch: auto -> 8, accumulation 1 (the CPU has no out-of-memory error" in capsys.readouterr().out
@@ -180,12 +186,12 @@ def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_t
     assert "trained 8 sequences per step; global_batch_size (8 -> 4)" in one_error_line(capsys.readouterr().err)
 
 
-def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_path, capsys, monkeypatch):
+def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_path, capsys, monkeypatch, cache):
     """A run whose checkpoints do not say how its draws were keyed (written before) resumes keyed per
     micro-batch, exactly; changing its micro-batch (it would change the permutations) is refused."""
     import rpt.training
 
-    cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2})
+    cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2}, cache_dir=cache)
     real = rpt.training.split_record
 
     def as_before(split, draws):

@@ -66,13 +66,18 @@ def counted(monkeypatch):
     return reads, calls
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))  # one tokenizer and token store for both runs
+
+
 @pytest.mark.parametrize("objective", ["rpt", "ntp"])
-def test_no_host_read_inside_a_training_step_between_logs(tmp_path, counted, objective):
+def test_no_host_read_inside_a_training_step_between_logs(tmp_path, counted, objective, cache):
     """Three steps of two micro-batches each between logs: no read in any step; the counter sees the
     NaN check's one read at the log (the only place a step's result is read)."""
     reads, calls = counted
     cfg = write_config(tmp_path, objective=objective, max_steps=3, log_every=3, eval_batches=0, save_every=100,
-                       global_batch_size=8, micro_batch_size=4)
+                       global_batch_size=8, micro_batch_size=4, cache_dir=cache)
     assert train_main(cfg) == 0
     assert calls == {"train_step": 3, "stop_if_not_finite": 1}
     assert reads["train_step"].reads == 0
