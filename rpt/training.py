@@ -459,6 +459,10 @@ def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metric
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: its model or optimizer state cannot be loaded into this run ({first}); "
                               "resume from another checkpoint or resume=none") from None
+    # accelerate restores its count of micro-batches, which decides where accumulate() syncs: counted
+    # under the split that wrote the checkpoint, it would end this run's first steps off their
+    # boundaries when the accumulation changed (a resume with another micro-batch or process count).
+    accelerator.step = 0
     load_scheduler_state(path, scheduler)
     step, position = int(state["step"]), int(state["data_position"])
     train.resume_at(step, position)  # a token store continues at the next unread sample

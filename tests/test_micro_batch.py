@@ -162,7 +162,8 @@ def cache(tmp_path_factory):
 
 def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_the_split(tmp_path, capsys, cache):
     """Global batch 8: micro-batch 4 x accumulation 2, and auto (8 x 1 on the CPU), give the same losses;
-    a run cut at checkpoint 2 resumed with micro-batch 2 x 4 continues with them, and records the split."""
+    an auto run cut at checkpoint 2 resumed with micro-batch 2 x 4 (a smaller device) continues with
+    them, and records each split; a resume that would change the global batch is one line."""
     cfg = write_config(tmp_path, **FAST, cache_dir=cache)
     assert train_main(cfg, f"output_dir={tmp_path / 'a'}") == 0
     assert train_main(cfg, f"output_dir={tmp_path / 'auto'}", "micro_batch_size=auto") == 0
@@ -171,14 +172,15 @@ def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_t
     assert sorted(a) == sorted(auto) == [1, 2, 3, 4]
     for step in a:
         assert auto[step] == pytest.approx(a[step], rel=1e-5), step
-    assert train_main(cfg, f"output_dir={tmp_path / 'cut'}", "max_steps=2") == 0
+    assert train_main(cfg, f"output_dir={tmp_path / 'cut'}", "max_steps=2", "micro_batch_size=auto") == 0
     assert train_main(cfg, f"output_dir={tmp_path / 'cut'}", "micro_batch_size=2") == 0
     cut = losses(tmp_path / "cut")
     for step in (3, 4):
         assert cut[step] == pytest.approx(a[step], rel=1e-5), step
     segments = [json.loads(line) for line in (tmp_path / "cut" / "segments.jsonl").read_text().splitlines()]
-    assert [(s["micro_batch_size"], s["grad_accum"], s["draws"]) for s in segments] == [(4, 2, "sequence"), (2, 4, "sequence")]
-    assert segments[1]["changed"]["micro_batch_size"] == {"from": 4, "to": 2}
+    assert [(s["micro_batch_size"], s["grad_accum"], s["draws"]) for s in segments] == [(8, 1, "sequence"), (2, 4, "sequence")]
+    assert segments[1]["changed"]["micro_batch_size"] == {"from": "auto", "to": 2}
+    assert segments[0]["micro_batch_choice"].startswith("the CPU has no") and segments[1]["micro_batch_choice"] is None
     state = json.loads((tmp_path / "auto" / "checkpoint-4" / "trainer_state.json").read_text())
     assert (state["micro_batch_size"], state["grad_accum"], state["global_batch"]) == (8, 1, 8)
     capsys.readouterr()
