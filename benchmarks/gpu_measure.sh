@@ -59,7 +59,12 @@ PY
 # Training, a 1.33B Llama (Llama-3 vocabulary), bf16 autocast, T = 2048: MFU, rpt / ntp, peak memory.
 TRAIN_1B="--device cuda --precision bf16 --hidden 2048 --layers 16 --vocab 128256 --seq-len 2048 --batch 4 --steps 3 --rounds 3"
 step train_1b 150 python3 benchmarks/train_overhead.py $TRAIN_1B                    # eager blocks, fused AdamW, tiled loss
-step train_1b_new 240 python3 benchmarks/train_overhead.py $TRAIN_1B --compile      # + compile: true
+# + compile: true at micro-batch 4, with the kernel table of one step per objective (rpt.step_profile: the
+# device time per step of each says whether a gap in rpt / ntp is the GPU's work or the host's); more
+# rounds than above, the compiled steps being short (the 0.962 of 2026-11-26 was a median of 3 blocks of 3 steps)
+step train_1b_new 240 python3 benchmarks/train_overhead.py $TRAIN_1B --compile --steps 6 --rounds 5 --profile 1
+# + micro_batch_size: auto: the largest divisor of 32 sequences the GPU holds with 10% free (rpt.micro_batch)
+step train_1b_auto 300 python3 benchmarks/train_overhead.py ${TRAIN_1B/--batch 4/--batch auto --global-batch 32} --compile --steps 4 --rounds 5 --profile 1
 base train_1b_base 150 python3 benchmarks/train_overhead.py $TRAIN_1B               # the baseline checkout's path
 
 # Decoding and the LZ penalty.

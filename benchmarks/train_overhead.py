@@ -2,6 +2,7 @@
 
     python benchmarks/train_overhead.py [--steps 12 --rounds 5 --device cpu --precision fp32 --attn sdpa]
                                         [--compile] [--optimizer auto|foreach|fused]
+                                        [--batch N | --batch auto --global-batch 32] [--profile 1]
 
 Same model, same packed batches, same optimizer; the two objectives take turns in blocks of
 ``--steps`` optimizer steps so machine load affects both alike. Prints tokens/s of each and the
@@ -10,6 +11,10 @@ ratio rpt / ntp (the goal is >= 0.98); on a GPU also the MFU estimate of each an
 pays the compilation); ``--optimizer`` overrides the AdamW kernel ``build_optimizer`` picks (fused
 where torch has one). With ``--precision bf16`` it also prints the share of the step's matrix-product
 FLOPs that ran in float32 (rpt.gemm_census; 0 means every product can use the tensor cores).
+``--batch auto`` takes the micro-batch ``micro_batch_size: auto`` would (rpt.micro_batch: searched on
+CUDA among the divisors of ``--global-batch``, estimated on the CPU) and says how; ``--profile N``
+profiles N more steps of each objective and prints where their time goes (rpt.step_profile: the top
+kernels, and the shares of matrix products, attention, the loss head, the optimizer and the rest).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from rpt.compiled_blocks import compile_blocks
 from rpt.config import TrainConfig
 from rpt.gemm_census import GemmCensus
 from rpt.metrics import device_peak_flops, flops_per_token
+from rpt.micro_batch import choose as choose_micro_batch
 from rpt.model import RPTForCausalLM
-from rpt.training import build_optimizer, forward, make_batch
+from rpt.step_profile import profile_steps
+from rpt.training import build_optimizer, forward, make_batch, trial_step
 
 
 def main() -> None:
@@ -34,7 +41,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="optimizer steps per block")
     ap.add_argument("--rounds", type=int, default=5, help="blocks per objective")
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", default="16", help="micro-batch: a number, or auto (the largest that fits)")
+    ap.add_argument("--global-batch", type=int, default=32, help="with --batch auto: the sequences it divides")
+    ap.add_argument("--profile", type=int, default=0, help="profile this many steps of each objective")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=4096)
@@ -52,6 +61,18 @@ def main() -> None:
                             max_position_embeddings=args.seq_len + 1)
     cfg_model._attn_implementation = args.attn
     model = RPTForCausalLM.from_base(LlamaForCausalLM(cfg_model), window=3).to(args.device).train()
+    device = torch.device(args.device)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    if args.batch == "auto":
+        # the run's own choice: the bare model's trial steps (eager), before anything is compiled
+        cfg = TrainConfig(model="bench", data="bench", objective="rpt", seq_len=args.seq_len, window=3, s=0.5, q=0.02,
+                          global_batch_size=args.global_batch, micro_batch_size="auto", precision=args.precision)
+        split = choose_micro_batch(cfg, 1, model, device, False, lambda micro: trial_step(
+            model, cfg, micro, device, lambda: torch.autocast(device.type, torch.bfloat16, enabled=args.precision == "bf16")),
+            lambda micro: micro)
+        print(split.line())
+        args.batch = split.micro
+    args.batch = int(args.batch)
     configs = {
         name: TrainConfig(model="bench", data="bench", objective=name, seq_len=args.seq_len, window=3, s=0.5, q=0.02,
                           micro_batch_size=args.batch, lr=1e-4)
@@ -65,7 +86,6 @@ def main() -> None:
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
         optimizer = torch.optim.AdamW(groups, lr=1e-4, **{args.optimizer: True})
     data = torch.randint(0, args.vocab, (args.batch * 8, args.seq_len + 1))
-    autocast = torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
 
     def float32_share() -> float:
         """The float32 share of one rpt step's matrix-product FLOPs (its update is not applied)."""
@@ -77,21 +97,22 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         return census.share(torch.float32)
 
+    def one_step(name: str, step: int) -> None:
+        rows = data[(step % 8) * args.batch : (step % 8 + 1) * args.batch]
+        batch = make_batch(configs[name], rows, step, 0).to(args.device)
+        with autocast:
+            out = forward(model, batch)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
     def block(name: str, round_index: int) -> float:
-        cfg = configs[name]
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for i in range(args.steps):
-            step = round_index * args.steps + i + 1
-            rows = data[(step % 8) * args.batch : (step % 8 + 1) * args.batch]
-            batch = make_batch(cfg, rows, step, 0).to(args.device)
-            with autocast:
-                out = forward(model, batch)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            one_step(name, round_index * args.steps + i + 1)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         return args.steps * args.batch * args.seq_len / (time.perf_counter() - t0)
@@ -118,6 +139,10 @@ def main() -> None:
         print(f"peak memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     if args.precision == "bf16":
         print(f"float32 share of the step's matrix-product FLOPs: {100 * float32_share():.2f}%")
+    for name in ("ntp", "rpt") if args.profile else ():
+        steps = iter(range(10_000, 20_000))
+        profile = profile_steps(lambda _name=name, _steps=steps: one_step(_name, next(_steps)), args.profile, device)
+        print(f"objective={name}: {profile.table()}")
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ class TrainConfig:
     window: int = 3
     s: float = 0.5
     q: float = 0.02
-    micro_batch_size: int = 8
-    grad_accum: int = 1
+    # sequences per optimizer step over all processes; with it the accumulation follows from the
+    # micro-batch and the process count (None: micro_batch_size x grad_accum x processes)
+    global_batch_size: int | None = None
+    micro_batch_size: int | str = 8  # sequences per forward; "auto": the largest the device holds (rpt/micro_batch.py)
+    grad_accum: int | None = None  # None: global_batch_size / (micro_batch_size x processes), or 1 without it
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
@@ -88,7 +91,15 @@ class TrainConfig:
 
     def global_batch(self, processes: int) -> int:
         """Samples per optimizer step over all processes."""
-        return self.micro_batch_size * self.grad_accum * processes
+        if self.global_batch_size is not None:
+            return self.global_batch_size
+        return self.micro_batch_size * (self.grad_accum or 1) * processes
+
+    def eval_batch_rows(self) -> int:
+        """Sequences per validation batch: the micro-batch, or with ``micro_batch_size: auto`` the global
+        batch (run in forwards of the chosen micro-batch), so that the validation set is the same
+        whatever the device holds."""
+        return self.global_batch_size if self.micro_batch_size == "auto" else self.micro_batch_size
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,8 +150,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed
 
 
+AUTO_KEYS = ("micro_batch_size",)  # keys that also take the value "auto"
+
+
 def _coerce(name: str, value: Any) -> Any:
     f = FIELDS[name]
+    if name in AUTO_KEYS and value == "auto":
+        return value
     typ = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if "Any" in typ or (value is None and "None" in typ):
         return value
@@ -211,6 +227,7 @@ def validate(cfg: TrainConfig) -> None:
         check_source_keys(cfg.val_data, "val_data")
     check_tokenizer_keys(cfg.tokenizer)
     check_model_keys(cfg.model)
+    check_batch_keys(cfg)
     if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and cfg.micro_batch_size == 1:
         # transformers drops an all-ones mask and, for a batch of one, reads position_ids that are
         # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
@@ -223,7 +240,7 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("s", "q", "val_fraction", "min_lr_ratio"):
         if not 0.0 <= getattr(cfg, key) <= 1.0:
             raise bad(key, "use a value in [0, 1]")
-    for key in ("seq_len", "micro_batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "save_every", "keep_last"):
+    for key in ("seq_len", "max_steps", "eval_every", "log_every", "save_every", "keep_last"):
         if getattr(cfg, key) < 1:
             raise bad(key, "use an integer >= 1")
     for key in ("warmup_steps", "eval_batches", "shuffle_buffer", "data_workers"):
@@ -250,3 +267,26 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.resume not in ("auto", "none") and not os.path.isdir(cfg.resume):
         raise bad("resume", "use auto, none, or an existing checkpoint directory")
 
+
+
+def check_batch_keys(cfg: TrainConfig) -> None:
+    """The batch keys agree as far as they can without the process count (``rpt.micro_batch`` checks the rest)."""
+    def bad(key: str, fix: str) -> ConfigError:
+        return ConfigError(f"config key {key!r} = {getattr(cfg, key)!r} is invalid: {fix}")
+
+    mbs, accum, total = cfg.micro_batch_size, cfg.grad_accum, cfg.global_batch_size
+    if mbs != "auto" and (isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1):
+        raise bad("micro_batch_size", "use an integer >= 1 or auto (the largest micro-batch the device holds)")
+    for key in ("grad_accum", "global_batch_size"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
+            raise bad(key, "use an integer >= 1 (or leave it unset)")
+    if mbs == "auto":
+        if total is None:
+            raise bad("micro_batch_size", "auto needs global_batch_size, the sequences per optimizer step it keeps "
+                      "(e.g. global_batch_size=64)")
+        if accum is not None:
+            raise bad("grad_accum", "micro_batch_size: auto chooses the accumulation that keeps global_batch_size; "
+                      "remove grad_accum")
+    elif total is not None and total % (mbs * (accum or 1)):
+        raise bad("global_batch_size", f"it is not a multiple of micro_batch_size {mbs}"
+                  + (f" x grad_accum {accum}" if accum else "") + "; make it one, or leave grad_accum unset")

@@ -22,7 +22,8 @@ def wanted(cfg: TrainConfig, world_size: int) -> dict[str, tuple[Any, str]]:
         "gradient_clipping": (float(cfg.max_grad_norm), "max_grad_norm"),
         "train_micro_batch_size_per_gpu": (cfg.micro_batch_size, "micro_batch_size"),
         "gradient_accumulation_steps": (cfg.grad_accum, "grad_accum"),
-        "train_batch_size": (cfg.global_batch(world_size), "micro_batch_size x grad_accum x processes"),
+        "train_batch_size": (cfg.global_batch(world_size), "global_batch_size" if cfg.global_batch_size
+                             else "micro_batch_size x grad_accum x processes"),
     }
 
 
@@ -48,6 +49,21 @@ def apply_run_config(ds_config: dict[str, Any], cfg: TrainConfig, world_size: in
                               f"{want!r}; set {dotted} to \"auto\" in the DeepSpeed JSON (the run's config then decides) "
                               f"or change {key}")
         node[name] = want
+
+
+def check_deepspeed_batch(ds_config: dict[str, Any], cfg: TrainConfig) -> None:
+    """Before any work: a DeepSpeed JSON that pins the micro-batch where the run's config chooses it
+    (``micro_batch_size: auto``), or a batch size other than ``global_batch_size``, is one error."""
+    pinned = {k: ds_config.get(k) for k in ("train_micro_batch_size_per_gpu", "train_batch_size")
+              if ds_config.get(k) not in (None, "auto")}
+    if cfg.micro_batch_size == "auto" and "train_micro_batch_size_per_gpu" in pinned:
+        have = pinned["train_micro_batch_size_per_gpu"]
+        raise ConfigError(f"the DeepSpeed config sets train_micro_batch_size_per_gpu={have!r} but micro_batch_size is auto "
+                          f"(the run chooses it); set it to \"auto\" in the DeepSpeed JSON, or micro_batch_size: {have}")
+    if cfg.global_batch_size is not None and "train_batch_size" in pinned and not _same(pinned["train_batch_size"], cfg.global_batch_size):
+        raise ConfigError(f"the DeepSpeed config sets train_batch_size={pinned['train_batch_size']!r} but global_batch_size is "
+                          f"{cfg.global_batch_size}; set it to \"auto\" in the DeepSpeed JSON (the run's config then decides) "
+                          "or change global_batch_size")
 
 
 def engine_precision(engine) -> str:

@@ -37,6 +37,7 @@ from transformers.utils import ModelOutput
 from rpt.custom_generate import write_custom_generate
 from rpt.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
 from rpt.loss import linear_cross_entropy, plan_blocks
+from rpt.no_padding_mask import no_padding_mask
 from rpt.objective import IGNORE_INDEX
 from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
     LEGACY_TABLE_NAME,
@@ -301,12 +302,13 @@ class RPTForCausalLM(nn.Module):
             self.lm.gradient_checkpointing_disable()
 
     # ---- forward ---------------------------------------------------------------------------
-    def embed(self, input_ids: torch.Tensor, offset_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Token embedding plus offset embedding (row 0, the NTP "+1" offset, when none given)."""
+    def embed(self, input_ids: torch.Tensor, offset_ids: torch.Tensor | None = None, check: bool | None = None) -> torch.Tensor:
+        """Token embedding plus offset embedding (row 0, the NTP "+1" offset, when none given); ``check``
+        (default ``self.check_offsets``) reads ``offset_ids`` on the host to name a row out of range."""
         embeds = self.lm.get_input_embeddings()(input_ids)
         if offset_ids is None:
             return embeds + self.offset_embedding.weight[0].to(embeds.dtype)
-        if self.check_offsets and not torch.compiler.is_compiling():
+        if (self.check_offsets if check is None else check) and not torch.compiler.is_compiling():
             lo, hi = torch.stack(torch.aminmax(offset_ids)).tolist()  # one host sync per forward
             if lo < 0 or hi > self.window:
                 raise ValueError(
@@ -325,19 +327,22 @@ class RPTForCausalLM(nn.Module):
         labels: torch.Tensor | None = None,
         kinds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        check_offsets: bool | None = None,
         **kwargs,
     ) -> RPTOutput:
         """Logits for every fed token; with ``labels`` (already aligned: ``labels[i] = x[tau_i]``,
         no shift) instead the eq. 13 loss and its NTP / PTP-l split by ``kinds`` (and no logits:
         the loss never holds them for the whole batch, see :mod:`rpt.loss`).
 
-        Without ``position_ids`` / ``offset_ids`` this is plain next-token prediction.
+        Without ``position_ids`` / ``offset_ids`` this is plain next-token prediction. ``check_offsets=False``
+        skips the host read that checks ``offset_ids`` (training: the objective built them in range).
         """
-        inputs_embeds = self.embed(input_ids, offset_ids)
+        inputs_embeds = self.embed(input_ids, offset_ids, check=check_offsets)
         if position_ids is not None and attention_mask is None and past_key_values is None:
             # transformers reads non-consecutive position_ids without a mask as packed documents
-            # and would cut the sequence at every swap; an explicit all-ones mask keeps it causal.
-            attention_mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
+            # and would cut the sequence at every swap; an explicit all-ones mask keeps it causal,
+            # marked as such so that transformers drops it without reading the device (rpt.no_padding_mask).
+            attention_mask = no_padding_mask(input_ids.shape, input_ids.device)
         model_inputs = dict(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
                             past_key_values=past_key_values, use_cache=use_cache, **kwargs)
         if labels is None:

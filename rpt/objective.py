@@ -26,6 +26,7 @@ skipping one index out of thousands changes the expected number of swaps negligi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -78,8 +79,22 @@ def expected_swaps(length: int, window: int, q: float) -> float:
     return f[2] if length >= window + 1 else 0.0
 
 
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def uniforms(shape: tuple[int, ...], generator: Generators, device: torch.device | str | None = None) -> torch.Tensor:
+    """Uniforms of ``shape`` (``[batch, ...]``) on ``device``: from one generator, or -- given one generator
+    per row -- row ``r`` from ``generator[r]`` alone, so that a row's draws do not depend on the rows
+    drawn with it (training keys them per sequence of the global batch, whatever the micro-batch)."""
+    if isinstance(generator, Sequence):
+        if len(generator) != shape[0]:
+            raise ValueError(f"{len(generator)} generators for {shape[0]} rows; give one per row")
+        return torch.stack([torch.rand(shape[1:], generator=g, device=g.device) for g in generator]).to(device)
+    return torch.rand(shape, generator=generator, device=generator.device if generator is not None else device).to(device)
+
+
 def sample_swap_start_mask(
-    batch: int, length: int, window: int, q: float, generator: torch.Generator | None = None,
+    batch: int, length: int, window: int, q: float, generator: Generators = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Vectorised draw of the left-to-right procedure: a ``[batch, length]`` bool mask of starts.
@@ -95,8 +110,7 @@ def sample_swap_start_mask(
     if q <= 0.0 or length < window + 1:
         return mask
     max_starts = (length - 1) // window + 1
-    u = torch.rand(batch, max_starts, generator=generator, device=generator.device if generator else device)
-    u = u.to(device)
+    u = uniforms((batch, max_starts), generator, device)
     if q >= 1.0:
         gaps = torch.zeros_like(u, dtype=torch.long)
     else:
@@ -183,6 +197,11 @@ class RPTBatch:
     def to(self, device: torch.device | str) -> RPTBatch:
         return RPTBatch(**{k: v.to(device, non_blocking=True) for k, v in self.__dict__.items()})
 
+    def split(self, rows: int) -> list[RPTBatch]:
+        """Batches of at most ``rows`` rows each, in order."""
+        parts = {k: v.split(rows) for k, v in self.__dict__.items()}
+        return [RPTBatch(**{k: p[i] for k, p in parts.items()}) for i in range(len(parts["input_ids"]))]
+
 
 def ntp_batch(input_ids: torch.Tensor, num_inputs: int | None = None) -> RPTBatch:
     """The identity permutation: plain next-token prediction in the same format."""
@@ -208,17 +227,17 @@ def make_rpt_batch(
     window: int,
     s: float,
     q: float,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
     num_inputs: int | None = None,
 ) -> RPTBatch:
     """Build the permuted-window training batch for ``input_ids`` (``[batch, total]``).
 
     Each row is permuted with probability ``s``; a permuted row gets swap windows drawn by the
     left-to-right procedure with probability ``q`` per index (expected count:
-    :func:`expected_swaps`). The first ``num_inputs`` tokens (default: all) are fed; targets
-    are read from all ``total`` tokens, so with ``total = num_inputs + 1`` (a packed chunk of
-    ``seq_len + 1``) every position has a label, and with ``num_inputs = total`` the last one
-    is -100 like a Hugging Face causal-LM batch.
+    :func:`expected_swaps`); ``generator`` may be one per row (see :func:`uniforms`). The first
+    ``num_inputs`` tokens (default: all) are fed; targets are read from all ``total`` tokens, so with
+    ``total = num_inputs + 1`` (a packed chunk of ``seq_len + 1``) every position has a label, and with
+    ``num_inputs = total`` the last one is -100 like a Hugging Face causal-LM batch.
     """
     _check_window(window)
     _check_probability("s", s)
@@ -234,8 +253,7 @@ def make_rpt_batch(
             f"sequences of {n} tokens are shorter than the window {window}; use seq_len >= window or a smaller window"
         )
     device = input_ids.device
-    gen_device = generator.device if generator is not None else device
-    permuted_rows = torch.rand(batch, generator=generator, device=gen_device).to(device) < s
+    permuted_rows = uniforms((batch,), generator, device) < s
     mask = sample_swap_start_mask(batch, n, window, q, generator=generator, device=device)
     mask &= permuted_rows[:, None]
     sigma, tau = permutation_from_mask(mask, window)

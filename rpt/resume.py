@@ -14,7 +14,7 @@ from typing import Any
 
 from rpt.checkpointing import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
 from rpt.config import ConfigError, TrainConfig
-from rpt.run_record import check_fresh_start, check_resume
+from rpt.run_record import check_fresh_start, check_resume, check_split_change
 
 
 @dataclass
@@ -63,7 +63,9 @@ def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
         return Start(None, changed=check_fresh_start(cfg))
     state = read_trainer_state(path)
     finished = os.path.isdir(os.path.join(cfg.output_dir, "final")) and state["step"] == state["config"].get("max_steps")
-    changed = check_resume(state["config"], cfg, state["step"], path, finished)
+    # checkpoints that do not say how the objective's draws were keyed keyed them per micro-batch
+    changed = check_resume(state["config"], cfg, state["step"], path, finished, state.get("draws", "micro_batch"))
+    check_split_change(path, state, changed, cfg.global_batch(accelerator.num_processes))
     return Start(path, state, changed, verified=value)
 
 

@@ -54,7 +54,8 @@ def _source(cfg: TrainConfig) -> str:
 
 
 def summary_lines(cfg: TrainConfig, model, *, device: Any, precision: str, world: int, backend: str,
-                  train, val, start_step: int, start_position: int, warmup_note: str | None) -> list[str]:
+                  train, val, start_step: int, start_position: int, warmup_note: str | None,
+                  split_note: str | None = None) -> list[str]:
     """The start-up block: model, parameters, device, precision, world size, tokens per step,
     data, schedule, where the run starts."""
     total, trainable = count_parameters(model)
@@ -70,6 +71,7 @@ def summary_lines(cfg: TrainConfig, model, *, device: Any, precision: str, world
         f"tokens per step: {global_batch * cfg.seq_len:,} (micro-batch {cfg.micro_batch_size} x accumulation "
         f"{cfg.grad_accum} x {world} process{'es' if world > 1 else ''} x {cfg.seq_len} tokens); "
         f"{cfg.max_steps} steps",
+        *([split_note] if split_note else []),
         f"data: train {_sequences(train)}" + (f", validation {_sequences(val)} ({cfg.eval_batches} batches every "
                                               f"{cfg.eval_every} steps)" if val is not None else ", no validation"),
         f"schedule: {schedule}",

@@ -25,30 +25,54 @@ from rpt.config import ConfigError, TrainConfig
 # checkpointing on, a GPU node by compiling the blocks (both tested equal to eager); still recorded per segment.
 RESUMABLE_KEYS = ("max_steps", "eval_every", "save_every", "log_every", "keep_last", "report_to",
                   "gradient_checkpointing", "compile", "compile_backend")
+# How the global batch is split into micro-batches: a resume may change these (micro_batch_size: auto
+# searches again on a smaller GPU) when the checkpoint keys the objective's draws per sequence of the
+# global batch, and the global batch stays what it was (check_split_change); a checkpoint keyed per
+# micro-batch (written before) is resumed with the split it was trained with.
+SPLIT_KEYS = ("global_batch_size", "micro_batch_size", "grad_accum")
 # Where the run lives and how it is shown, not what is trained: never compared.
 PLACE_KEYS = ("output_dir", "resume", "cache_dir", "plot", "project", "run_name")
 CONFIG_RECORD = "config.yaml"
 SEGMENTS = "segments.jsonl"
 
 
+def _fresh_run_hint_text() -> str:
+    return "start a new run (another output_dir) to train with another batch"
+
+
 def _fresh_run_hint(cfg: TrainConfig) -> str:
     return f"to train with other settings start a new run (another output_dir than {cfg.output_dir})"
+
+
+def _stated(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with an unset ``grad_accum`` as the 1 it means without ``global_batch_size`` (records
+    written before ``grad_accum`` could be unset say 1)."""
+    if config.get("grad_accum") is None and config.get("global_batch_size") is None:
+        return {**config, "grad_accum": 1}
+    return config
 
 
 def config_differences(recorded: dict[str, Any], cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """``{key: (recorded, now)}`` for every key whose value differs (place keys ignored; a key the
     record lacks, one added to rpt after it was written, cannot be compared)."""
-    now = cfg.to_dict()
+    recorded, now = _stated(recorded), _stated(cfg.to_dict())
     keys = (set(recorded) & set(now)) - set(PLACE_KEYS)
     return {k: (recorded.get(k), now.get(k)) for k in sorted(keys) if recorded.get(k) != now.get(k)}
 
 
-def check_resume(recorded: dict[str, Any], cfg: TrainConfig, step: int, where: str, finished: bool) -> dict[str, tuple[Any, Any]]:
-    """The resumable changes ``cfg`` makes to the config saved at ``step`` in ``where``; a
-    :class:`ConfigError` for any other change, for ``max_steps`` at or below ``step`` or lowered,
-    and for re-entering a finished run."""
+def check_resume(recorded: dict[str, Any], cfg: TrainConfig, step: int, where: str, finished: bool,
+                 draws: str = "sequence") -> dict[str, tuple[Any, Any]]:
+    """The resumable changes ``cfg`` makes to the config saved at ``step`` in ``where`` (whose
+    objective's draws are keyed per ``draws``); a :class:`ConfigError` for any other change, for
+    ``max_steps`` at or below ``step`` or lowered, and for re-entering a finished run."""
     changed = config_differences(recorded, cfg)
-    fixed = [k for k in changed if k not in RESUMABLE_KEYS]
+    resumable = RESUMABLE_KEYS + (SPLIT_KEYS if draws == "sequence" else ())
+    fixed = [k for k in changed if k not in resumable]
+    if fixed and set(fixed) <= set(SPLIT_KEYS):
+        shown = ", ".join(f"{k} ({changed[k][0]!r} -> {changed[k][1]!r})" for k in fixed)
+        raise ConfigError(f"{where} keys the objective's permutations per micro-batch (it was written before they were "
+                          f"keyed per sequence), so its split decides what is trained: {shown}; resume it with the "
+                          f"micro_batch_size and grad_accum it was trained with")
     if fixed:
         shown = ", ".join(f"{k} ({changed[k][0]!r} -> {changed[k][1]!r})" for k in fixed[:6])
         raise ConfigError(f"{where} was trained with other settings: {shown}{' ...' if len(fixed) > 6 else ''}; a resume "
@@ -63,7 +87,19 @@ def check_resume(recorded: dict[str, Any], cfg: TrainConfig, step: int, where: s
     if isinstance(old_max, int) and cfg.max_steps < old_max:
         raise ConfigError(f"config key 'max_steps' = {cfg.max_steps} is below the run's max_steps {old_max} "
                           f"({where}): its learning-rate schedule was planned for {old_max} steps; use max_steps >= {old_max}")
-    return {k: v for k, v in changed.items() if k in RESUMABLE_KEYS}
+    return {k: v for k, v in changed.items() if k in resumable}
+
+
+def check_split_change(where: str, state: dict[str, Any], changed: dict[str, tuple[Any, Any]], global_batch: int) -> None:
+    """A resume that changes how the global batch is split (:data:`SPLIT_KEYS`) must keep the global batch
+    of the checkpoint ``where`` (its ``trainer_state.json`` is ``state``; ``global_batch``: this run's)."""
+    split = [k for k in SPLIT_KEYS if k in changed]
+    before = state.get("global_batch")
+    if split and before is not None and before != global_batch:
+        shown = ", ".join(f"{k} ({changed[k][0]!r} -> {changed[k][1]!r})" for k in split)
+        raise ConfigError(f"{where} trained {before} sequences per step; {shown} would make it {global_batch}: a resume "
+                          f"may change the split, not the global batch (set global_batch_size={before}), or "
+                          f"{_fresh_run_hint_text()}")
 
 
 def read_config_record(output_dir: str) -> dict[str, Any] | None:
@@ -90,7 +126,8 @@ def check_fresh_start(cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     if recorded is None:
         return {}
     changed = config_differences(recorded, cfg)
-    fixed = [k for k in changed if k not in RESUMABLE_KEYS]
+    # nothing was trained yet: a new micro-batch (after an out-of-memory error, say) changes nothing
+    fixed = [k for k in changed if k not in RESUMABLE_KEYS + ("micro_batch_size", "grad_accum")]
     if fixed:
         raise ConfigError(f"{os.path.join(cfg.output_dir, CONFIG_RECORD)} records a run with other settings "
                           f"({', '.join(fixed[:6])}); {_fresh_run_hint(cfg)}, or delete that output_dir")
@@ -125,14 +162,15 @@ def read_segments(output_dir: str) -> list[dict[str, Any]]:
 
 
 def append_segment(cfg: TrainConfig, start_step: int, changed: dict[str, tuple[Any, Any]],
-                   checkpoint: str | None = None) -> None:
+                   checkpoint: str | None = None, split: dict[str, Any] | None = None) -> None:
     """Record that this invocation trains from ``start_step`` (resuming ``checkpoint``, possibly of
-    another output_dir) to ``cfg.max_steps`` with ``changed`` keys (``{key: (before, now)}``),
-    rewriting ``segments.jsonl`` atomically with the line added."""
+    another output_dir) to ``cfg.max_steps`` with ``changed`` keys (``{key: (before, now)}``) and
+    ``split`` (the micro-batch and accumulation it runs, how an automatic one was chosen, the keying of
+    the objective's draws), rewriting ``segments.jsonl`` atomically with the line added."""
     segments = read_segments(cfg.output_dir)
     segments.append({"segment": len(segments), "from_step": start_step,
                      "from_checkpoint": os.path.abspath(checkpoint) if checkpoint else None, "max_steps": cfg.max_steps,
-                     "changed": {k: {"from": a, "to": b} for k, (a, b) in changed.items()},
+                     "changed": {k: {"from": a, "to": b} for k, (a, b) in changed.items()}, **(split or {}),
                      "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     path = os.path.join(cfg.output_dir, SEGMENTS)
     tmp = f"{path}.{os.getpid()}.tmp"

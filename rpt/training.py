@@ -1,16 +1,20 @@
 """The training loop on ``accelerate``: one CPU, one GPU, DDP, or DeepSpeed ZeRO-2/3.
 
 Each optimiser step consumes one *global batch* of ``micro_batch_size x grad_accum x world``
-packed chunks. With a token store (every non-streamed source) sample ``i`` of the run is a pure
-function of the seed (:mod:`rpt.data.packed`), and the permutation of global micro-batch ``j`` of
-step ``t`` comes from a generator seeded with ``(seed, t, j)``: a run resumed from
-``checkpoint-<t>`` sees exactly the data and permutations the uninterrupted run saw, and a
-2-process run sees the same global batch as a 1-process run with twice the accumulation.
+packed chunks (:mod:`rpt.micro_batch` splits a ``global_batch_size``). With a token store (every
+non-streamed source) sample ``i`` of the run is a pure function of the seed (:mod:`rpt.data.packed`),
+and the permutation of sequence ``k`` of the global batch of step ``t`` comes from a generator seeded
+with ``(seed, t, k)``: a run resumed from ``checkpoint-<t>`` sees exactly the data and permutations
+the uninterrupted run saw, and a 2-process run, or another micro-batch, sees the same global batch
+as a 1-process run with twice the accumulation. (Runs started before that keying seeded global
+micro-batch ``j`` with ``(seed, t, j)``, and resume so: :data:`LEGACY_DRAWS`.)
 Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.streaming`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 import pickle
@@ -40,9 +44,11 @@ from rpt.checkpointing import (
 from rpt.compiled_blocks import compile_blocks, eager_blocks, transformer_blocks
 from rpt.config import ConfigError, TrainConfig
 from rpt.data import build_packed, build_tokenizer
-from rpt.deepspeed_settings import apply_run_config, engine_precision
+from rpt.deepspeed_settings import apply_run_config, check_deepspeed_batch, engine_precision
 from rpt.lora import add_lora, parameter_line, save_lora_checkpoint
 from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
+from rpt.micro_batch import Split, check_split
+from rpt.micro_batch import choose as choose_micro_batch
 from rpt.model import RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
@@ -137,14 +143,27 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def objective_generator(seed: int, step: int, micro_index: int) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 10_007 + micro_index)
+# How the objective's draws are keyed, recorded in every checkpoint (trainer_state.json "draws"):
+# per sequence of the global batch, so that the micro-batch does not change what is trained; runs
+# whose checkpoints do not say (written before) keyed them per global micro-batch and resume so.
+DRAWS = "sequence"
+LEGACY_DRAWS = "micro_batch"
 
 
-def make_batch(cfg: TrainConfig, rows: torch.Tensor, step: int, micro_index: int) -> RPTBatch:
+def objective_generator(seed: int, step: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 10_007 + index)
+
+
+def make_batch(cfg: TrainConfig, rows: torch.Tensor, step: int, micro_index: int, draws: str = DRAWS) -> RPTBatch:
+    """The objective's batch of global micro-batch ``micro_index`` of ``step``: ``rows`` (``[micro,
+    seq_len + 1]``) are sequences ``micro_index * micro`` onwards of the step's global batch."""
     if cfg.objective == "ntp":
         return ntp_batch(rows, num_inputs=cfg.seq_len)
-    gen = objective_generator(cfg.seed, step, micro_index)
+    if draws == LEGACY_DRAWS:
+        gen = objective_generator(cfg.seed, step, micro_index)
+    else:  # sequence k of the global batch draws from (seed, step, k), whatever the split
+        first = micro_index * rows.shape[0]
+        gen = [objective_generator(cfg.seed, step, first + r) for r in range(rows.shape[0])]
     return make_rpt_batch(rows, cfg.window, cfg.s, cfg.q, generator=gen, num_inputs=cfg.seq_len)
 
 
@@ -152,6 +171,7 @@ def forward(model, batch: RPTBatch):
     return model(
         batch.input_ids, position_ids=batch.position_ids, offset_ids=batch.offset_ids,
         labels=batch.labels, kinds=batch.kinds, use_cache=False,
+        check_offsets=False,  # rpt.objective built them in range; the check would read the device every forward
     )
 
 
@@ -197,6 +217,60 @@ class LossMeter:
         self.n = 0
 
 
+def train_step(accelerator, model, optimizer, micro_batches, meter: LossMeter, max_grad_norm: float):
+    """One optimizer step over ``micro_batches`` (this process's share of the global batch, built on the
+    host); returns the gradient norm (a device tensor; None without clipping). Reads nothing back from
+    the device: the loss, its split and the NaN flag stay there until a log, evaluation or save."""
+    grad_norm = None
+    for batch in micro_batches:
+        with accelerator.accumulate(model):
+            out = forward(model, batch.to(accelerator.device))
+            accelerator.backward(out.loss)
+            if accelerator.sync_gradients and max_grad_norm > 0:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            # Called on every micro-batch, but the prepared optimizer (and DeepSpeed) only
+            # steps and zeroes when accumulate() syncs gradients, on the last one.
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        meter.add(out)
+    return grad_norm
+
+
+def split_record(split: Split, draws: str) -> dict[str, Any]:
+    """What the run record and every checkpoint say of the split run and the keying of the draws."""
+    return {"micro_batch_size": split.micro, "grad_accum": split.accum, "micro_batch_choice": split.how, "draws": draws}
+
+
+def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autocast=contextlib.nullcontext) -> None:
+    """A forward and backward of ``micro`` random sequences as a training step runs them (the
+    micro-batch search's probe, rpt.micro_batch), on the bare model (before ``prepare``) on ``device``
+    under ``autocast()``: it leaves no gradient and no trace in the random streams, and compiles nothing
+    (the blocks run eagerly; a compiled block takes less memory, not more)."""
+    model.to(device)
+    vocab = model.lm.get_input_embeddings().num_embeddings
+    rows = torch.randint(0, vocab, (micro, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
+    batch = make_batch(cfg, rows, 1, 0).to(device)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), eager_blocks(), autocast():
+            forward(model, batch).loss.backward()
+    finally:
+        model.zero_grad(set_to_none=True)
+
+
+def choose_split(cfg: TrainConfig, model, accelerator, deepspeed: bool) -> Split:
+    """The run's micro-batch and accumulation (rpt.micro_batch), the same on every rank."""
+    def reduce_min(micro: int) -> int:
+        return -int(accelerator.reduce(torch.tensor(-micro, device=accelerator.device), "max"))
+
+    split = choose_micro_batch(cfg, accelerator.num_processes, model, accelerator.device, deepspeed,
+                               lambda micro: trial_step(model, cfg, micro, accelerator.device, accelerator.autocast),
+                               reduce_min)
+    if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and split.micro == 1:
+        raise ConfigError("micro_batch_size: auto chose 1, and flash attention with micro_batch_size 1 reads an "
+                          "RPT-permuted sequence as packed sequences; use attn_implementation: sdpa or gradient_checkpointing")
+    return split
+
+
 def eval_batches(cfg: TrainConfig, rows: torch.Tensor, index: int) -> list[RPTBatch]:
     """Validation batch ``index``: NTP on unpermuted text and, for objective rpt, PTP-l on every
     sequence permuted (s = 1) with a generator fixed by ``index``, so evaluations compare."""
@@ -221,25 +295,27 @@ def eval_assignment(n_batches: int, world: int, rank: int) -> list[int | None]:
 
 @torch.no_grad()
 @eager_blocks()  # compiled blocks run eagerly here: no-grad forwards and a short last batch compile nothing
-def evaluate(model, cfg: TrainConfig, val, accelerator) -> tuple[dict[str, float], dict[str, Any]]:
-    """Validation losses over the first ``eval_batches`` micro-batches of the validation set, and
-    the per-batch CE sums and target counts by kind (``{"batch": [...], "sum": [[...]], "count":
-    [[...]]}``, every rank's batches, in batch order): what intervals over validation batches need."""
+def evaluate(model, cfg: TrainConfig, val, accelerator, micro: int | None = None) -> tuple[dict[str, float], dict[str, Any]]:
+    """Validation losses over the first ``eval_batches`` batches of ``cfg.eval_batch_rows()`` validation
+    sequences (run in forwards of at most ``micro``), and the per-batch CE sums and target counts by kind
+    (``{"batch": [...], "sum": [[...]], "count": [[...]]}``, every rank's batches, in batch order): what
+    intervals over validation batches need."""
     model.eval()
     world, rank = accelerator.num_processes, accelerator.process_index
     window = accelerator.unwrap_model(model).window
     meter = LossMeter(window, accelerator.device)
-    mbs = cfg.micro_batch_size
-    assigned = eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / mbs)), world, rank)
+    rows_per_batch = cfg.eval_batch_rows()
+    assigned = eval_assignment(min(cfg.eval_batches, math.ceil(len(val) / rows_per_batch)), world, rank)
     # per assigned batch: its index (-1: padding), then CE sums and target counts by kind
     table = torch.zeros(len(assigned), 1 + 2 * window, dtype=torch.float64, device=accelerator.device)
     for i, b in enumerate(assigned):
-        rows = val.sequential(mbs, start=(b or 0) * mbs)
+        rows = val.sequential(rows_per_batch, start=(b or 0) * rows_per_batch)
         before_sums, before_counts = meter.sums.clone(), meter.counts.clone()
         for batch in eval_batches(cfg, rows, b or 0):
             if b is None:  # padding: every label masked, so the forward adds nothing
                 batch.labels.fill_(IGNORE_INDEX)
-            meter.add(forward(model, batch.to(accelerator.device)))
+            for part in batch.split(micro or rows_per_batch):
+                meter.add(forward(model, part.to(accelerator.device)))
         table[i, 0] = -1 if b is None else b
         table[i, 1: 1 + window] = meter.sums - before_sums
         table[i, 1 + window:] = meter.counts - before_counts
@@ -289,6 +365,9 @@ def replica_report(accelerator, model) -> dict[str, Any]:
 
 def check_backend(accelerator, cfg: TrainConfig) -> None:
     """Settings the distributed backend cannot run, refused before any data or model is built."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if getattr(plugin, "deepspeed_config", None) is not None:
+        check_deepspeed_batch(plugin.deepspeed_config, cfg)
     if zero_stage(accelerator) == 3 and cfg.compile:
         # ZeRO-3 gathers each block's parameters in Python hooks around the block's forward, which
         # a compiled block would have to trace; DeepSpeed compiles those through its own engine.
@@ -334,7 +413,7 @@ def make_accelerator(cfg: TrainConfig):
         # told it runs on the CPU; with cpu=False each torchrun worker would train alone.
         cpu=not torch.accelerator.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true",
         mixed_precision=PRECISION[cfg.precision],
-        gradient_accumulation_steps=cfg.grad_accum,
+        gradient_accumulation_steps=1,  # set to the split's once it is chosen (rpt.micro_batch)
         log_with=None if cfg.report_to == "none" else cfg.report_to,
         project_dir=cfg.output_dir,
     )
@@ -380,6 +459,10 @@ def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metric
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path}: its model or optimizer state cannot be loaded into this run ({first}); "
                               "resume from another checkpoint or resume=none") from None
+    # accelerate restores its count of micro-batches, which decides where accumulate() syncs: counted
+    # under the split that wrote the checkpoint, it would end this run's first steps off their
+    # boundaries when the accumulation changed (a resume with another micro-batch or process count).
+    accelerator.step = 0
     load_scheduler_state(path, scheduler)
     step, position = int(state["step"]), int(state["data_position"])
     train.resume_at(step, position)  # a token store continues at the next unread sample
@@ -394,7 +477,7 @@ def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metric
 
 
 def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, scheduler,
-                    data_state: dict | None = None) -> None:
+                    data_state: dict | None = None, split: dict[str, Any] | None = None) -> None:
     final_path = os.path.join(cfg.output_dir, f"checkpoint-{step}")
     tmp = temp_dir_for(final_path)
     if accelerator.is_main_process:
@@ -406,7 +489,7 @@ def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int
     if accelerator.is_main_process:
         write_json_atomic(os.path.join(tmp, "trainer_state.json"), {
             "step": step, "data_position": data_position, "world_size": accelerator.num_processes,
-            "global_batch": cfg.global_batch(accelerator.num_processes),
+            "global_batch": cfg.global_batch(accelerator.num_processes), **(split or {}),
             "data_workers": cfg.data_workers, "config": cfg.to_dict(),
         })
         save_scheduler_state(tmp, scheduler)
@@ -454,15 +537,14 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     os.makedirs(cfg.output_dir, exist_ok=True)
     accelerator = make_accelerator(cfg)
     check_backend(accelerator, cfg)
+    check_split(cfg, accelerator.num_processes)  # the batch keys against the process count
     main, world, rank = accelerator.is_main_process, accelerator.num_processes, accelerator.process_index
     # Before any data, model or file is made: a refused resume costs nothing and rewrites nothing.
     start = plan_start(cfg, accelerator, deepspeed=getattr(accelerator.state, "deepspeed_plugin", None) is not None)
     set_seed(cfg.seed)
 
-    with accelerator.main_process_first():  # the main process writes tokenizers and token stores first
+    with accelerator.main_process_first():  # the main process writes tokenizers first
         tokenizer = build_tokenizer(cfg)
-        train = build_packed(cfg, "train", tokenizer, rank, world)
-        val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
 
     model = build_model(cfg, tokenizer)
     if main and cfg.lora is not None:
@@ -473,7 +555,16 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     model.train()
     flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg, accelerator.device)
-    configure_deepspeed(accelerator, cfg, model)
+    # Before prepare, which fixes DeepSpeed's micro-batch; the data is built for the split chosen.
+    deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
+    split = choose_split(cfg, model, accelerator, deepspeed)
+    steps_cfg = dataclasses.replace(cfg, micro_batch_size=split.micro, grad_accum=split.accum)  # the split, as run
+    accelerator.gradient_accumulation_steps = split.accum
+    draws = start.state.get("draws", LEGACY_DRAWS) if start.checkpoint else DRAWS
+    with accelerator.main_process_first():  # the main process writes token stores first
+        train = build_packed(steps_cfg, "train", tokenizer, rank, world)
+        val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
+    configure_deepspeed(accelerator, steps_cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
     # step it once per process); checkpointed as JSON (rpt.checkpointing), never as a pickle.
@@ -488,20 +579,20 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
-    global_batch = cfg.global_batch(world)
+    global_batch = steps_cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-    start_step, start_position = resume(accelerator, cfg, start, train, scheduler, metrics_log)
+    start_step, start_position = resume(accelerator, steps_cfg, start, train, scheduler, metrics_log)
     run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
     backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if getattr(accelerator.state, "deepspeed_plugin", None)
                else "DDP" if world > 1 else "single process")
-    run_log.summary(summary_lines(cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
+    run_log.summary(summary_lines(steps_cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
                                   world=world, backend=backend, train=train, val=val, start_step=start_step,
-                                  start_position=start_position, warmup_note=warmup_note))
+                                  start_position=start_position, warmup_note=warmup_note, split_note=split.line()))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
     if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.run_record)
         write_config_record(cfg)
-        append_segment(cfg, start_step, start.changed, start.checkpoint)
+        append_segment(cfg, start_step, start.changed, start.checkpoint, split=split_record(split, draws))
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     if not sys.stderr.isatty():  # no bars in a captured log: train.log's lines say the same
@@ -514,23 +605,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     last: dict[str, Any] = {}
     speed.restart()
     for step in range(start_step + 1, cfg.max_steps + 1):
-        grad_norm = None
-        for m in range(cfg.grad_accum):
-            # The global index of this micro-batch in the step: rank r's m-th micro-batch is the
-            # (m * world + r)-th, so its samples and its permutation (seeded by it) are the same
-            # whatever the split of the global batch into processes x accumulation steps.
-            micro = m * world + rank
-            batch = make_batch(cfg, train.micro_batch(step, micro), step, micro).to(accelerator.device)
-            with accelerator.accumulate(model):
-                out = forward(model, batch)
-                accelerator.backward(out.loss)
-                if accelerator.sync_gradients and cfg.max_grad_norm > 0:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                # Called on every micro-batch, but the prepared optimizer (and DeepSpeed) only
-                # steps and zeroes when accumulate() syncs gradients, on the last one.
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            meter.add(out)
+        # The global index of a micro-batch in the step: rank r's m-th micro-batch is the (m * world + r)-th,
+        # so its samples (and, by their place in the global batch, their permutations) are the same
+        # whatever the split of the global batch into processes x accumulation steps x micro-batches.
+        micro_batches = (make_batch(cfg, train.micro_batch(step, m * world + rank), step, m * world + rank, draws)
+                         for m in range(split.accum))
+        grad_norm = train_step(accelerator, model, optimizer, micro_batches, meter, cfg.max_grad_norm)
         meter.note_step(step)
         logs = step % cfg.log_every == 0 or step == cfg.max_steps
         evals = val is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps)
@@ -551,7 +631,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             meter.reset()
         # Its own schedule: evaluating only on logged steps skipped eval_every steps log_every misses.
         if evals:
-            metrics, per_batch = evaluate(model, cfg, val, accelerator)
+            metrics, per_batch = evaluate(model, cfg, val, accelerator, split.micro)
             row = {"step": step, **row, **metrics}
             if main:  # the latest evaluation's per-batch sums (intervals over validation batches)
                 write_json_atomic(os.path.join(cfg.output_dir, "eval_batches.json"), {"step": step, **per_batch})
@@ -567,7 +647,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             speed.restart()  # evaluation and logging time is not training throughput
 
         if saves:
-            save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict())
+            save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(), split_record(split, draws))
             speed.restart()
     bar.close()
 

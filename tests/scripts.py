@@ -19,7 +19,7 @@ def load_script(relative_path: str):
 # What shrinks a documented train.py run to seconds: few steps on a slice of the stdlib. A config
 # that builds its model and tokenizer (no init_from) also gets a micro model and vocabulary.
 SHORT_RUN = ["max_steps=3", "warmup_steps=1", "eval_every=3", "eval_batches=1", "save_every=3", "log_every=1",
-             "seq_len=32", "micro_batch_size=2", "data_workers=0", "plot=false"]
+             "seq_len=32", "micro_batch_size=2", "global_batch_size=null", "data_workers=0", "plot=false"]
 SHORT_DATA = ["data={stdlib: {max_files: 12}}", "val_fraction=0.25"]
 MICRO_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1",
                "model.num_attention_heads=2", "model.num_key_value_heads=2", "model.max_position_embeddings=1024",

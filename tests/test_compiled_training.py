@@ -5,15 +5,18 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from rpt.compiled_blocks import compile_blocks, transformer_blocks
 from rpt.config import TrainConfig
 from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
-from rpt.training import forward, make_batch
+from rpt.training import build_optimizer, forward, make_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import (
     MICRO,
@@ -89,6 +92,69 @@ def test_gradient_checkpointing_with_compile_gives_the_same_gradients():
     for name in eager:
         rel = float((compiled[name] - eager[name]).norm() / eager[name].norm().clamp(min=1e-30))
         assert rel <= 1e-6, (name, rel)
+
+
+class OpsOutsideCompiled(TorchDispatchMode):
+    """The operations dispatched outside the compiled blocks (each block's compiled call, forward and
+    backward, runs with the mode switched off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_both_objectives_compiled_steps_share_the_graphs_and_the_ops_outside_them():
+    """RPT's compiled step against NTP's, side by side on the CPU: a backend records every graph the
+    blocks compile (forward and backward, AOTAutograd) -- NTP's step compiles one of each and RPT's step
+    runs them, compiling nothing -- and the operations outside the blocks (embedding, offsets, rotary
+    tables, mask decision, tiled loss, their backward, AdamW) are the same, op for op. What is the
+    objective's own is the batch's assembly on the host, before the step: RPT's takes more operations."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+    current = ["ntp"]
+
+    def recorder(kind):
+        def compile_graph(gm, example_inputs):
+            graphs.append((current[0], kind, gm.code))
+
+            def run(*args):
+                with _disable_current_modes():
+                    return gm(*args)
+            return make_boxed_func(run)
+        return compile_graph
+
+    torch._dynamo.reset()
+    model = RPTForCausalLM.from_base(tiny_llama(vocab_size=300), window=3).train()
+    assert compile_blocks(model, aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))) == 2
+    for block in transformer_blocks(model):
+        compiled_call = block._compiled_call_impl
+
+        def outside_the_mode(*args, _call=compiled_call, **kwargs):
+            with _disable_current_modes():
+                return _call(*args, **kwargs)
+        block._compiled_call_impl = outside_the_mode
+    optimizer = build_optimizer(model, TrainConfig(model="x", data="x"))
+    rows = torch.randint(0, 300, (4, 33), generator=torch.Generator().manual_seed(0))
+    outside, assembly = {}, {}
+    for step, objective in enumerate(("ntp", "rpt", "ntp", "rpt"), start=1):
+        current[0] = objective
+        cfg = TrainConfig(model="x", data="x", objective=objective, seq_len=32, window=3, s=1.0, q=0.2)
+        with OpsOutsideCompiled() as built:
+            batch = make_batch(cfg, rows, step, 0)
+        with OpsOutsideCompiled() as ran:
+            forward(model, batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        outside[objective], assembly[objective] = ran.ops, built.ops
+    assert [(objective, kind) for objective, kind, _ in graphs] == [("ntp", "forward"), ("ntp", "backward")]
+    assert outside["rpt"] == outside["ntp"] and sum(outside["ntp"].values()) > 100
+    assert sum(assembly["rpt"].values()) > 2 * sum(assembly["ntp"].values())
+    torch._dynamo.reset()
 
 
 def test_blocks_are_found_in_other_architectures_and_keep_their_names():

@@ -6,11 +6,13 @@ import contextlib
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.config import TrainConfig
 from rpt.gemm_census import GemmCensus
 from rpt.model import RPTForCausalLM
+from rpt.step_profile import CATEGORIES, category, profile_steps
 from rpt.training import build_optimizer, forward, make_batch, optimizer_kernel
 
 
@@ -57,6 +59,82 @@ def test_census_sees_float32_products():
         torch.mm(a.bfloat16(), b.bfloat16())
     assert census.flops[torch.float32] == 2 * 2 * 8 * 16 * 4
     assert census.share(torch.float32) == pytest.approx(2 / 3)
+
+
+def _torch_211_formula(backward: bool):
+    """torch 2.11's sdpa FLOP formulas: they assert that q, k and v have the same number of heads."""
+    def formula(*shapes, out_shape=None, **kwargs):
+        q, k, v = shapes[1:4] if backward else shapes[:3]
+        assert q[1] == k[1] == v[1], f"query/key/value shapes are incompatible: q={q}, k={k}, v={v}"
+        b, h, s, d = q
+        return (10 if backward else 4) * b * h * s * k[2] * d
+    return shape_wrapper(formula)
+
+
+def test_census_counts_grouped_query_attention_on_any_torch(monkeypatch):
+    """q [4,2,256,64], k/v [4,1,256,64] (GQA) on meta tensors, through every sdpa kernel (flash, efficient,
+    cuDNN, the CPU's), forward and backward, with torch's formulas replaced by 2.11's asserting ones:
+    counted as the kernels compute it, k/v broadcast to the query's heads (and the CPU kernel counted at all)."""
+    aten = torch.ops.aten
+    for name in ("flash", "efficient", "cudnn"):
+        monkeypatch.setitem(flop_registry, getattr(aten, f"_scaled_dot_product_{name}_attention"), _torch_211_formula(False))
+        monkeypatch.setitem(flop_registry, getattr(aten, f"_scaled_dot_product_{name}_attention_backward"),
+                            _torch_211_formula(True))
+    meta = {"device": "meta"}
+    q, k, v = torch.empty(4, 2, 256, 64, **meta), torch.empty(4, 1, 256, 64, **meta), torch.empty(4, 1, 256, 64, **meta)
+    lse, seed = torch.empty(4, 2, 256, **meta), torch.empty((), dtype=torch.long, **meta)
+    forwards = [
+        lambda: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True),
+        lambda: aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True),
+        lambda: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True),
+        lambda: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True),
+    ]
+    backwards = [
+        lambda: aten._scaled_dot_product_flash_attention_backward(q, q, k, v, q, lse, None, None, 256, 256, 0.0, True,
+                                                                  seed, seed),
+        lambda: aten._scaled_dot_product_efficient_attention_backward(q, q, k, v, None, q, lse, seed, seed, 0.0,
+                                                                      [True, True, True, False], True),
+        lambda: aten._scaled_dot_product_cudnn_attention_backward(q, q, k, v, q, lse.unsqueeze(-1), seed, seed, None,
+                                                                  None, None, 256, 256, 0.0, True),
+        lambda: aten._scaled_dot_product_flash_attention_for_cpu_backward(q, q, k, v, q, lse, 0.0, True),
+    ]
+    # per (batch, query head): scores and output are two [256 x 64] x [64 x 256]-sized products (2 FLOPs per
+    # multiply-add); the backward recomputes the scores and forms three more gradients' products
+    product = 2 * 256 * 256 * 64
+    for calls, products in ((forwards, 2), (backwards, 5)):
+        for call in calls:
+            with GemmCensus() as census:
+                call()
+            assert census.flops[torch.float32] == 4 * 2 * products * product, call
+
+
+def test_step_profile_attributes_a_steps_time_to_its_kernels():
+    """rpt.step_profile on the CPU: one step of both objectives profiled, its time split over the five
+    categories (all present, adding up to 1), the table naming the top operations; and CUDA kernel
+    names attributed by the operation and the ranges that launched them."""
+    for objective in ("ntp", "rpt"):
+        model = llama(512, 1, 64, hidden=32)
+        cfg = train_config(objective, 64)
+        optimizer = build_optimizer(model, cfg)
+        batch = make_batch(cfg, torch.randint(0, 512, (2, 65), generator=torch.Generator().manual_seed(0)), 1, 0)
+
+        def step(model=model, batch=batch, optimizer=optimizer):
+            forward(model, batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        profile = profile_steps(step, 1)
+        shares = profile.shares()
+        assert set(shares) == set(CATEGORIES) and all(shares[c] > 0 for c in CATEGORIES), shares
+        assert sum(shares.values()) == pytest.approx(1.0)
+        table = profile.table(top=5)
+        assert "aten::mm" in table and table.splitlines()[-1].startswith("shares: gemm")
+    assert category(["aten::mm", "aten::matmul", "aten::linear"], "sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert category(["aten::mm", "LinearCrossEntropyBackward"], "sm90_xmma_gemm_bf16bf16") == "loss head"
+    assert category(["aten::_fused_adamw_", "Optimizer.step#AdamW.step"], "multi_tensor_apply_kernel") == "optimizer"
+    assert category(["aten::_flash_attention_backward"], "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert category(["aten::mul", "CompiledFunction"], "triton_poi_fused_mul_silu_0") == "elementwise & other"
+    assert category(["aten::addmm", "CompiledFunction"], "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NTN") == "gemm"
 
 
 def test_fused_adamw_is_chosen_where_torch_has_it():

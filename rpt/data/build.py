@@ -4,8 +4,9 @@
   fly, by the same writer) under ``cache_dir``, read by global sample index;
 * ``{tokens: DIR}``           -> that store, read the same way;
 * streamed text sources       -> training: this rank's stream packed in background workers;
-  validation: the first ``eval_batches x micro_batch_size`` chunks of the held-out stream,
-  written once to a token store, so every evaluation scores the same sequences.
+  validation: the first ``eval_batches x micro_batch_size`` chunks of the held-out stream (``x
+  global_batch_size`` under ``micro_batch_size: auto``), written once to a token store, so every
+  evaluation scores the same sequences.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def split_sources(cfg, split: str) -> tuple[Any, str | None]:
 
 def validation_chunks(cfg) -> int:
     """How many chunks one evaluation reads."""
-    return cfg.eval_batches * cfg.micro_batch_size
+    return cfg.eval_batches * cfg.eval_batch_rows()
 
 
 def _key(*parts: Any) -> str:
