@@ -135,7 +135,7 @@ class RPTLM(LM):
         if isinstance(chat_template, str) and chat_template not in ("default", "true", "True"):
             raise ValueError(f"--apply_chat_template {chat_template}: the rpt model applies the tokenizer's default "
                              "chat template; pass --apply_chat_template without a name")
-        chat.require_chat_template(self.tokenizer, self.pretrained)
+        chat.require_chat_template(self.tokenizer, self.pretrained, flag="--apply_chat_template")
         return chat.template_text(self.tokenizer)
 
     def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:

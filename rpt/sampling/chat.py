@@ -38,12 +38,13 @@ def add_chat_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help
     parser.add_argument("--chat", action="store_true", help=help_text)
 
 
-def require_chat_template(tokenizer, checkpoint: str, probes: Sequence[Sequence[dict]] = (PROBE,)) -> None:
+def require_chat_template(tokenizer, checkpoint: str, probes: Sequence[Sequence[dict]] = (PROBE,),
+                          flag: str = "--chat") -> None:
     """``ValueError`` (one line) when ``tokenizer`` has no chat template, and :class:`ChatTemplateError`
     when it fails on any of ``probes`` (conversations rendered here, before a model loads)."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"--chat needs a chat template, and the tokenizer of {checkpoint} has none "
-                         "(tokenizer.chat_template is unset); drop --chat to prompt it as a base model, or use an "
+        raise ValueError(f"{flag} needs a chat template, and the tokenizer of {checkpoint} has none "
+                         f"(tokenizer.chat_template is unset); drop {flag} to prompt it as a base model, or use an "
                          "instruction-tuned checkpoint")
     for messages in probes:
         render(tokenizer, messages)
