@@ -134,14 +134,14 @@ def test_include_prompt_as_the_http_api_delivers_it():
 
 def test_state_is_bounded_by_the_live_rows_not_the_traffic():
     """Before: one [max_rows, W] group per distinct lz_penalty ever seen, kept forever, each looped over
-    every step (3000 requests: 3000 groups, 51 MB at 8 rows, W 64); here 600 distinct settings."""
+    every step (3000 requests: 3000 groups, 51 MB at 8 rows, W 64); here 300 distinct settings."""
     import rpt.integrations.lz_rows as lz_rows
 
     state = LZRows(8, "cpu")
     rng = random.Random(0)
     live: dict[int, list[int]] = {}
     peak = 0
-    for request in range(600):
+    for request in range(300):
         row = request % 8
         settings = LZSettings(0.01 + request * 1e-4, 64, 8, "codelength", request % 2 == 0)  # all distinct
         state.add(row, settings, [rng.randrange(5) for _ in range(5)], live.setdefault(row, []))
