@@ -54,12 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_prompts(path: str) -> list[dict]:
-    """``[{"id", "prompt"}]`` from JSON Lines; ``ValueError`` naming the line of any bad record."""
+    """``[{"id", "prompt"}]`` from JSON Lines; ``ValueError`` naming the file and line of any bad record."""
+    if os.path.isdir(path):
+        raise ValueError(f"prompts file {path!r} is a directory; give a JSON Lines file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"prompts file {path!r} does not exist")
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named with its number
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} line {lineno}: not UTF-8 text (byte {e.start + 1} of the line); save the "
+                                 "file as UTF-8") from None
             if not line.strip():
                 continue
             try:

@@ -27,6 +27,8 @@ import sys
 import torch
 
 from rpt.benchmarks.jsonl import EvalInputError
+from rpt.report import out_problem
+from rpt.sampling.loading import check_device
 from rpt.studies.error_analysis_run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
@@ -81,6 +83,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalInputError("need --limit >= 0, --iters >= 1, --batch-size >= 1 and --top-m >= 1")
     if not 0.0 < args.val_fraction < 1.0:
         raise EvalInputError("--val-fraction must be in (0, 1)")
+    problem = out_problem(args.out)
+    if problem is not None:  # before the model loads: a bad --out would fail only after the analysis
+        raise EvalInputError(problem)
+    check_device(args.device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,8 +21,10 @@ setting, the top-level ``n``, ``accuracy`` and ``results`` (with the ``completio
 answers are kept in ``F.items.jsonl``, so rerunning on the same ``--out`` resumes.
 
 ``--completions``: ``gold`` or ``answers.jsonl`` with ``{"idx", "completion"}`` lines, ``idx``
-indexing the evaluated split; the completion is what followed ``Answer:`` and is cut at the
-next ``Question:``. ``F.json``: ``n``, ``accuracy``, ``results`` in input order.
+indexing the evaluated split, one line per problem (a second line for an ``idx`` is refused); the
+completion is what followed ``Answer:`` and is cut at the next ``Question:``. ``--limit N``: the
+first N problems of the split (lines for later ones are counted, not scored). ``F.json``: ``n``,
+``accuracy``, ``results`` in input order.
 
 Both write ``F.md`` and ``F.png`` beside ``F.json``. ``--chat``: prompts through the tokenizer's
 chat template, the shots as earlier turns.

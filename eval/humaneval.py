@@ -23,7 +23,9 @@ setting, the top-level ``n_problems``, ``pass@k`` and ``results``.
 
 ``--completions``: ``canonical`` (the dataset's solutions) or ``samples.jsonl`` with
 ``{"task_id", "completion"}`` lines, several per task allowed, scored without a model. ``F.json``:
-``n_problems``, ``pass@k``, ``results`` in input order.
+``n_problems``, ``pass@k``, ``results`` in input order. ``--limit N``: the benchmark's first N tasks
+(lines for later tasks are counted in ``ignored_completions``, not scored); a ``--k`` above the
+completions of any task is refused before anything runs (with ``--checkpoint``: above ``--n-samples``).
 
 Both write ``F.md`` and ``F.png`` beside ``F.json``; generated completions and finished
 executions are kept in ``F.items.jsonl``, so rerunning on the same ``--out`` resumes. The scored

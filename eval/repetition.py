@@ -29,7 +29,7 @@ from rpt.report import ResultStore, save_figure, sibling, write_json, write_mark
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
 from rpt.studies import repetition_study as study
-from rpt.studies.repetition_inputs import item_key, load_prompts
+from rpt.studies.repetition_inputs import check_args, item_key, load_prompts
 
 STUDY_KNOBS = ("temperature", "repetition_penalty", "frequency_penalty", "lz_penalty", "lz_window", "lz_buffer",
                "rpt_iters", "rpt_window", "max_new_tokens")
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)
         model, tokenizer, window = load_checkpoint(args.checkpoint, args.device, args.dtype)
         base = sampling_config_from_args(args, tokenizer, max_new_tokens=args.max_new_tokens)
         rpt_iters = args.rpt_iters if window is not None else 0

@@ -26,7 +26,7 @@ from rpt.benchmarks.code_benchmarks import HumanEval, MBPPPlus
 from rpt.benchmarks.gsm8k import GSM8K
 from rpt.benchmarks.script import DTYPES, run
 from rpt.entry_defaults import TABLE1, explain_defaults
-from rpt.model_ref import ModelRefError, resolve_model_ref
+from rpt.model_ref import resolve_model_ref
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
 from rpt.sampling.cli import add_compile_arg
 from rpt.sampling.config import SamplingConfig
@@ -68,18 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+    try:  # every flag, the checkpoint and its chat template before the first run: one line, nothing written
+        table1.check_args(args)
         args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first (make demo) or check the path")
-    except ModelRefError as e:
+        if args.chat:
+            require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint, table1.chat_probes(args.benchmarks))
+        trained = rpt_window_of(args.checkpoint) or 0
+    except ValueError as e:  # ModelRefError, ConfigError and ChatTemplateError are ValueErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.chat:  # before the first run: one line, nothing written
-        try:
-            require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    trained = rpt_window_of(args.checkpoint) or 0
     windows = [w for w in args.windows if w <= trained or set(args.rpt_iters) <= {0}]
     skipped = sorted(set(args.windows) - set(windows))
     if skipped:

@@ -24,6 +24,22 @@ def sibling(out: str | Path, suffix: str) -> Path:
     return out.with_name(out.stem + suffix) if out.suffix == ".json" else out.with_name(out.name + suffix)
 
 
+def out_problem(out: str | Path, suffixes: Sequence[str] = (".md", ".png", ".items.jsonl")) -> str | None:
+    """Why a report cannot be written at ``out`` and its siblings (``suffixes``), or None: checked
+    before any work, so a bad ``--out`` never costs a run."""
+    for path in (Path(out), *(sibling(out, s) for s in suffixes)):
+        if path.is_dir():
+            return f"--out {out}: {path} is a folder; name a file, e.g. --out {Path(out) / 'result.json'}"
+    parent = Path(out).expanduser().absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {out}: cannot write in {parent}"
+    return None
+
+
 @contextmanager
 def _atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temp path in the target's directory; on success it replaces ``path`` atomically."""
@@ -117,7 +133,11 @@ class ResultStore:
             self._load()
 
     def _load(self) -> None:
-        text = self.path.read_text(encoding="utf-8")
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path}: not UTF-8 text (byte {exc.start + 1}), so not a resume file this tool "
+                             "wrote; rerun with --fresh") from None
         if not text.endswith("\n") and text:
             # A torn final line from an interrupted run: drop it, or the next append would glue onto it.
             text = text[: text.rfind("\n") + 1]

@@ -162,3 +162,126 @@ def test_sample_chat_batch_equals_each_prompt_alone(ckpts, tmp_path, capsys):
     for text, row in zip(texts, batched):
         assert load_script("sample.py").main([*common, "--prompt", text]) == 0
         assert capsys.readouterr().out == row["completion"] + "\n"  # the streamed text, then a newline
+
+
+# ---- a template that fails: one line naming the tokenizer, the template and jinja's message ----------
+BAD_TEMPLATES = {  # kind -> (chat_template, what the line says)
+    "raises": ("{% for m in messages %}{{ m['content'] }}\n{{ raise_exception('roles must alternate') }}{% endfor %}",
+               "at template line 2: TemplateError: roles must alternate"),
+    "syntax error": ("{% for m in messages %}\n{{ m['content'] }", "at template line 2: TemplateSyntaxError"),
+    # jinja's sandbox renders a blocked attribute as "" and goes on: the prompt would have a hole
+    "sandbox-blocked attribute": ("{{ messages.__class__ }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                                  "SecurityError: access to attribute '__class__' of 'list' object is unsafe"),
+    "sandbox-blocked call": ("{% set x = messages.append(1) %}{{ messages }}", "SecurityError: access to attribute "
+                                                                                "'append'"),
+    "include": ("{% include 'other.jinja' %}", "TypeError: no loader for this environment specified; jinja's sandbox "
+                                               "has no loader"),
+    "not a string": (5, "is an int, not a string of jinja source"),
+    "a list": ([{"name": "default"}], "is a list, not a string"),
+    "named set without a default": ({"tool_use": "{{ 'x' }}"}, "named templates ['tool_use'] without a 'default'"),
+    "range past the sandbox's limit": ("{% for i in range(10**9) %}{% endfor %}", "OverflowError: Range too big"),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_TEMPLATES))
+def test_a_failing_template_is_one_chat_template_error(kind):
+    template, says = BAD_TEMPLATES[kind]
+    tokenizer = chat_tokenizer()
+    tokenizer.chat_template = template
+    with pytest.raises(chat.ChatTemplateError) as error:
+        chat.render(tokenizer, MESSAGES[0])
+    line = str(error.value)
+    assert "\n" not in line and says in line and line.startswith("the chat template of tokenizer"), line
+
+
+def test_a_sandbox_blocked_access_is_refused_where_transformers_would_leave_a_hole():
+    """The control: transformers alone renders the blocked access as nothing and goes on."""
+    template = "[{{ messages.__class__ }}]{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer = chat_tokenizer()
+    tokenizer.chat_template = template + " "  # its own compiled copy, not the one render() made strict
+    assert tokenizer.apply_chat_template(MESSAGES[0], tokenize=False) == "[]def add(a, b): "
+    tokenizer.chat_template = template
+    with pytest.raises(chat.ChatTemplateError, match="SecurityError"):
+        chat.render(tokenizer, MESSAGES[0])
+
+
+@pytest.fixture(scope="module")
+def bad_ckpts(ckpts, tmp_path_factory):
+    """Copies of the chat checkpoint whose template files are broken: on disk, as a hostile checkpoint has them."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("bad_chat")
+    made = {}
+    for name, edit in {
+        "blocked": lambda d: (d / "chat_template.jinja").write_text("{{ messages.__class__ }}{% for m in messages %}"
+                                                                    "{{ m['content'] }}{% endfor %}"),
+        "not utf-8": lambda d: (d / "chat_template.jinja").write_bytes(b"\xff\xfe{{ messages }}"),
+        "malformed list": lambda d: ((d / "chat_template.jinja").unlink(), _set_config(d, [{"name": "default"}])),
+    }.items():
+        folder = root / name.replace(" ", "_")
+        shutil.copytree(ckpts["chat"], folder)
+        edit(folder)
+        made[name] = str(folder)
+    return made
+
+
+def _set_config(folder, template):
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("kind, says", [("not utf-8", "chat_template.jinja is not UTF-8 text (byte 1)"),
+                                        ("malformed list", "tokenizer_config.json: chat_template must be a string")])
+def test_template_files_transformers_cannot_read_are_named(bad_ckpts, kind, says):
+    from rpt.sampling.loading import load_tokenizer
+
+    with pytest.raises(ValueError, match="cannot load a tokenizer from") as error:
+        load_tokenizer(bad_ckpts[kind])
+    assert says in str(error.value) and bad_ckpts[kind] in str(error.value)
+
+
+def test_every_chat_entry_point_stops_on_a_failing_template_with_nothing_written(bad_ckpts, tmp_path, capsys):
+    """sample.py, the code benchmarks, GSM8K and Table 1: one line naming the template file and jinja's
+    message, exit 2, before a model loads, with no output, resume store or Table 1 folder."""
+    bad = bad_ckpts["blocked"]
+    data = gsm8k_folder(tmp_path / "gsm8k", n_train=2, n_test=2) / "test.jsonl"
+    runs = {
+        "sample.py": ["--checkpoint", bad, "--prompt", "x", "--chat", "--output", str(tmp_path / "s.jsonl")],
+        "eval/humaneval.py": ["--checkpoint", bad, "--chat", "--limit", "1", "--out", str(tmp_path / "he.json")],
+        "eval/gsm8k.py": ["--checkpoint", bad, "--chat", "--data", str(data), "--shots", "1",
+                          "--out", str(tmp_path / "g.json")],
+        "eval/table1.py": ["--checkpoint", bad, "--chat", "--out", str(tmp_path / "t1")],
+    }
+    for script, argv in runs.items():
+        assert load_script(script).main(argv) == 2, script
+        line = one_error_line(capsys)
+        assert f"{bad}/chat_template.jinja" in line and "SecurityError" in line, (script, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k"]  # nothing else written
+    assert load_script("sample.py").main(["--checkpoint", bad_ckpts["malformed list"], "--prompt", "x", "--chat"]) == 2
+    assert "chat_template must be a string" in one_error_line(capsys)
+
+
+def test_table1_checks_each_benchmarks_chat_turns_before_the_first_run(ckpts, tmp_path, capsys):
+    """A template that refuses an assistant turn fails GSM8K's multi-turn prompt: found before HumanEval+ runs."""
+    import shutil
+
+    folder = tmp_path / "no_assistant"
+    shutil.copytree(ckpts["chat"], folder)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception('no assistant turns') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}")
+    out = tmp_path / "t1"
+    assert load_script("eval/table1.py").main(["--checkpoint", str(folder), "--chat", "--out", str(out)]) == 2
+    assert "no assistant turns" in one_error_line(capsys) and not out.exists()
+
+
+def test_lm_eval_apply_chat_template_uses_the_same_rendering(ckpts, bad_ckpts):
+    pytest.importorskip("lm_eval")
+    from rpt.benchmarks.lm_eval_adapter import RPTLM
+
+    lm = RPTLM(pretrained=ckpts["chat"])
+    assert lm.chat_template(True) == lm.tokenizer.chat_template and lm.chat_template(False) is None
+    assert lm.apply_chat_template(MESSAGES[1]) == chat.render(lm.tokenizer, MESSAGES[1])
+    with pytest.raises(chat.ChatTemplateError, match="SecurityError"):
+        RPTLM(pretrained=bad_ckpts["blocked"]).chat_template(True)

@@ -44,16 +44,15 @@ def test_completion_file_scoring_in_input_order(script, tmp_path):
     data = tmp_path / "test.jsonl"
     data.write_text("".join(json.dumps(p) + "\n" for p in problems))
     rows = [{"idx": 1, "completion": " 10 * 100 = 1000. The answer is $1,000."},
-            {"idx": 0, "completion": " 2 * 9 = 18. The answer is 20."},
-            {"idx": 0, "completion": " The answer is 18 eggs."}]
+            {"idx": 0, "completion": " 2 * 9 = 18. The answer is 20."}]
     completions = tmp_path / "c.jsonl"
     completions.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "o.json"
     assert script.main(["--completions", str(completions), "--data", str(data), "--out", str(out)]) == 0
     summary = json.loads(out.read_text())
     assert [(r["idx"], r["prediction"], r["gold"], r["correct"]) for r in summary["results"]] == [
-        (1, "1000", "1000", True), (0, "20", "18", False), (0, "18", "18", True)]
-    assert summary["n"] == 3 and summary["accuracy"] == pytest.approx(2 / 3)
+        (1, "1000", "1000", True), (0, "20", "18", False)]
+    assert summary["n"] == 2 and summary["accuracy"] == pytest.approx(1 / 2)
 
 
 @pytest.mark.parametrize("text, expected", [

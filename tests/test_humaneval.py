@@ -53,22 +53,25 @@ def test_completion_file_scores_every_line_in_input_order(script, problems, tmp_
         {"task_id": "HumanEval/2", "completion": "    import os\n    os._exit(0)\n"},
     ]
     out = tmp_path / "he.json"
-    args = ["--completions", str(write_jsonl(tmp_path / "c.jsonl", rows)), "--out", str(out), "--k", "1", "3"]
+    args = ["--completions", str(write_jsonl(tmp_path / "c.jsonl", rows)), "--out", str(out), "--k", "1"]
     assert script.main(args) == 0
     summary = json.loads(out.read_text())
     assert [(r["task_id"], r["passed"]) for r in summary["results"]] == [
         ("HumanEval/2", False), ("HumanEval/0", True), ("HumanEval/2", True), ("HumanEval/2", False)]
     assert summary["n_problems"] == 2 and summary["n_samples"] == 4
     assert summary["pass@1"] == pytest.approx((1 / 3 + 1) / 2)
-    assert "pass@3" not in summary  # HumanEval/0 has a single sample
+    assert script.main([*args, "3"]) == 2  # HumanEval/0 has a single sample: pass@3 refused, not left out
 
 
 def test_limit_counts_problems_not_lines(script, tmp_path):
-    rows = [{"task_id": f"HumanEval/{i}", "completion": "    pass\n"} for i in (5, 5, 7, 9)]
+    """--limit 2: the benchmark's first two tasks, every line of each, in file order."""
+    rows = [{"task_id": f"HumanEval/{i}", "completion": "    pass\n"} for i in (1, 1, 9, 0)]
     out = tmp_path / "he.json"
     assert script.main(["--completions", str(write_jsonl(tmp_path / "c.jsonl", rows)), "--limit", "2",
                         "--out", str(out)]) == 0
-    assert [r["task_id"] for r in json.loads(out.read_text())["results"]] == ["HumanEval/5"] * 2 + ["HumanEval/7"]
+    summary = json.loads(out.read_text())
+    assert [r["task_id"] for r in summary["results"]] == ["HumanEval/1"] * 2 + ["HumanEval/0"]
+    assert summary["ignored_completions"] == 1
 
 
 def test_rerun_on_same_out_skips_finished_items(script, tmp_path):
@@ -111,13 +114,14 @@ def test_pass_at_k_matches_brute_force(n):
         assert he.pass_at_k(results, [k])[f"pass@{k}"] == pytest.approx(float(brute_force_pass_at_k(n, c, k)))
 
 
-def test_pass_at_k_averages_over_tasks_and_skips_undefined_k():
+def test_pass_at_k_averages_over_tasks_and_refuses_undefined_k():
     results = [{"task_id": "a", "passed": p} for p in (True, False, False, False)]
     results += [{"task_id": "b", "passed": p} for p in (False, False, True)]
-    scores = he.pass_at_k(results, [1, 2, 4])
+    scores = he.pass_at_k(results, [1, 2])
     assert scores["pass@1"] == pytest.approx((1 / 4 + 1 / 3) / 2)
     assert scores["pass@2"] == pytest.approx((1 - math.comb(3, 2) / math.comb(4, 2) + 1 - 1 / 3) / 2)
-    assert "pass@4" not in scores
+    with pytest.raises(ValueError, match="pass@4 is not computable: .* b has 3"):  # never left out of the report
+        he.pass_at_k(results, [1, 2, 4])
 
 
 def test_truncate_completion_stops_at_the_end_of_the_function(problems):

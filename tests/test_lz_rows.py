@@ -32,10 +32,11 @@ SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_batch_changes_match_the_processor_from_scratch(seed):
+@pytest.mark.parametrize("seed, max_rows, choices", [(0, 5, SETTINGS), (1, 5, SETTINGS), (2, 5, SETTINGS),
+                                                      (3, 5, SETTINGS), (4, 24, SETTINGS[:2]), (5, 24, SETTINGS[2:4])])
+def test_random_batch_changes_match_the_processor_from_scratch(seed, max_rows, choices):
+    """24 rows over one or two settings: groups grow past 8 slots and are compacted as rows leave."""
     rng = random.Random(seed)
-    max_rows = 5
     state = LZRows(max_rows, "cpu")
     batch: dict[int, tuple] = {}  # row -> (settings, prompt, output)
     for step in range(60):
@@ -47,11 +48,15 @@ def test_random_batch_changes_match_the_processor_from_scratch(seed):
                     state.remove(row)
         for row in range(max_rows):
             if row not in batch and rng.random() < 0.5 or row in batch and rng.random() < 0.05:
-                req = (rng.choice(SETTINGS), [rng.randrange(4) for _ in range(rng.randrange(0, 12))], [])
+                req = (rng.choice(choices), [rng.randrange(4) for _ in range(rng.randrange(0, 12))], [])
                 if rng.random() < 0.2:  # a resumed request arrives with tokens already generated
                     req[2].extend(rng.randrange(4) for _ in range(rng.randrange(1, 15)))
                 batch[row] = req
                 state.add(row, req[0], req[1], req[2])
+        if rng.random() < 0.3 * (max_rows <= 5) or rng.random() < 0.15:  # large batches also empty out
+            for row in [r for r in batch if rng.random() < 0.7]:
+                del batch[row]
+                state.remove(row)
         if rng.random() < 0.3:
             a, b = rng.sample(range(max_rows), 2)
             if rng.random() < 0.5:
@@ -125,3 +130,47 @@ def test_include_prompt_as_the_http_api_delivers_it():
     assert LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_include_prompt": 0}).include_prompt is False
     with pytest.raises(ValueError, match="lz_include_prompt=2 is invalid: use True or False"):
         LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_include_prompt": 2})
+
+
+def test_state_is_bounded_by_the_live_rows_not_the_traffic():
+    """Before: one [max_rows, W] group per distinct lz_penalty ever seen, kept forever, each looped over
+    every step (3000 requests: 3000 groups, 51 MB at 8 rows, W 64); here 300 distinct settings."""
+    import rpt.integrations.lz_rows as lz_rows
+
+    state = LZRows(8, "cpu")
+    rng = random.Random(0)
+    live: dict[int, list[int]] = {}
+    peak = 0
+    for request in range(300):
+        row = request % 8
+        settings = LZSettings(0.01 + request * 1e-4, 64, 8, "codelength", request % 2 == 0)  # all distinct
+        state.add(row, settings, [rng.randrange(5) for _ in range(5)], live.setdefault(row, []))
+        live[row] = state.rows[row].output
+        state.apply(torch.randn(8, V))
+        live[row].append(rng.randrange(5))
+        peak = max(peak, state.state_bytes())
+        if request % 3 == 0:  # some finish and leave their row empty
+            state.remove(row)
+    assert len(state.groups) == len({r.settings for r in state.rows.values()}) <= 8
+    one_row = 2 * 64 * 8 + 4 * 9 * 64 + 4 * 64  # a row's window and match lengths, its setting's table
+    assert peak <= 8 * one_row
+    calls = []
+    real = lz_rows.apply_codelength
+    lz_rows.apply_codelength = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        for row in list(state.rows)[1:]:
+            state.remove(row)
+        state.apply(torch.randn(8, V))
+    finally:
+        lz_rows.apply_codelength = real
+    assert len(calls) == 1  # a step's work follows the live rows, not the settings ever seen
+
+
+def test_windows_and_buffers_above_the_engine_bound_are_refused_at_admission():
+    from rpt.integrations.lz_settings import MAX_BUFFER, MAX_WINDOW
+
+    assert LZSettings.from_extra_args({"lz_penalty": 0.1, "lz_window": MAX_WINDOW, "lz_buffer": MAX_BUFFER})
+    for extra, key in (({"lz_window": MAX_WINDOW + 1}, "lz_window"), ({"lz_window": 10**12}, "lz_window"),
+                       ({"lz_buffer": MAX_BUFFER + 1}, "lz_buffer")):
+        with pytest.raises(ValueError, match=f"{key}=.* is (above the engine's bound|invalid)"):
+            LZSettings.from_extra_args({"lz_penalty": 0.1, **extra})

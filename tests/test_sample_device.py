@@ -25,3 +25,35 @@ def test_a_bad_device_is_one_line_before_loading(tmp_path, capsys, device, messa
 
 def test_cpu_devices_pass():
     assert check_device("cpu") == "cpu" and check_device("cpu:0") == "cpu:0"
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("not UTF-8", "p.jsonl line 2: not UTF-8 text (byte 13 of the line)"),
+    ("a directory", "is a directory; give a JSON Lines file"),
+    ("empty", "holds no prompts"),
+    ("prompt a number", "line 1: 'prompt' must be present and a string"),
+])
+def test_a_bad_prompts_file_is_one_line_naming_it_before_loading(tmp_path, capsys, kind, message):
+    path = tmp_path / "p.jsonl"
+    if kind == "a directory":
+        path.mkdir()
+    else:
+        path.write_bytes({"not UTF-8": b'{"prompt": "a"}\n{"prompt": "\xff"}\n', "empty": b"\n",
+                          "prompt a number": b'{"prompt": 7}\n'}[kind])
+    code = sample.main(["--checkpoint", str(tmp_path / "absent"), "--prompts", str(path), "--device", "cpu"])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and message in line and str(path) in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lz-penalty", "0.1", "--lz-window", "1000000000000"], "lz_window=1000000000000 is invalid: use an integer in "
+                                                              "[1, 65536]"),
+    (["--lz-penalty", "0.1", "--lz-buffer", "4096"], "lz_buffer=4096 is invalid"),
+    (["--temperature", "nan"], "temperature=nan is invalid"),
+    (["--batch-size", "0"], "--batch-size 0 is invalid"),
+])
+def test_numeric_flags_out_of_range_are_one_line_before_loading(tmp_path, capsys, flags, message):
+    """Before: --lz-window 10**12 was accepted and the decode died allocating an 8 TB table."""
+    code = sample.main(["--checkpoint", str(tmp_path / "absent"), "--prompt", "x", "--device", "cpu", *flags])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and message in line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,13 @@ from tqdm import tqdm
 
 from rpt.benchmarks import chat_prompts, plus, samples
 from rpt.benchmarks import humaneval as he
-from rpt.benchmarks.jsonl import first_groups
+from rpt.benchmarks.jsonl import EvalInputError
 from rpt.benchmarks.script import Benchmark
 from rpt.report import ResultStore
 from rpt.sandbox import ISOLATION_MODES, Limits, isolation
+
+MAX_SAMPLES = 10_000  # completions per task and setting (a larger --n-samples is a typo, not a study)
+MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 24  # below 64 MB a program may not start; 16 TB: past any machine
 
 
 def add_execution_args(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +56,19 @@ class CodeBenchmark(Benchmark):
     def check_args(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if min(args.k) < 1:
             parser.error("--k values must be >= 1")
-        if args.n_samples < 1:
-            parser.error("--n-samples must be >= 1")
+        if not 1 <= args.n_samples <= MAX_SAMPLES:
+            parser.error(f"--n-samples must be in [1, {MAX_SAMPLES}] (Codex's pass@100 used 200)")
+        if args.checkpoint is not None and max(args.k) > args.n_samples:
+            # pass@k is estimated from n >= k samples per task: refused here, never dropped from the report
+            parser.error(f"--k {max(args.k)} needs --n-samples >= {max(args.k)} (pass@k is estimated from at least k "
+                         f"samples per task; now {args.n_samples})")
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            parser.error(f"--timeout {args.timeout}: use a positive number of seconds")
+        if not MIN_MEMORY_MB <= args.memory_mb <= MAX_MEMORY_MB:
+            parser.error(f"--memory-mb {args.memory_mb}: use a value in [{MIN_MEMORY_MB}, {MAX_MEMORY_MB}] (a program "
+                         "needs some memory to start; the default is 2048)")
+        if args.workers is not None and args.workers < 1:
+            parser.error(f"--workers {args.workers}: use an integer >= 1 (or leave it out: one per CPU)")
         # Before a model loads or a program runs: IsolationUnavailable is the script's one-line
         # error; "none" says here what it leaves open.
         isolation(args.isolation)
@@ -73,10 +88,21 @@ class CodeBenchmark(Benchmark):
                     raise ValueError(f"unknown task_id {task_id!r}")
 
             records = samples.read_samples(args.completions, check_task_id)
-        records = first_groups(records, "task_id", args.limit)
         if args.truncate:
             records = [{**r, "completion": self.truncate(r["completion"])} for r in records]
         return records
+
+    def check_records(self, args: argparse.Namespace, records: list[dict]) -> None:
+        """pass@k needs at least k samples of every task: refused before any program runs, where the
+        report would otherwise leave pass@k out."""
+        counts: dict = {}
+        for record in records:
+            counts[record["task_id"]] = counts.get(record["task_id"], 0) + 1
+        fewest = min(counts, key=counts.get)
+        if max(args.k) > counts[fewest]:
+            raise EvalInputError(f"--k {max(args.k)} needs at least {max(args.k)} completions of every task, and "
+                                 f"{args.completions} has {counts[fewest]} of {fewest}; ask for k <= "
+                                 f"{counts[fewest]} or add completions")
 
     def items(self, args: argparse.Namespace, problems: dict[str, dict]) -> list[dict]:
         """``{"id", "prompt"}``; under ``--chat`` ``{"id", "messages", "reply_prefix"}`` (EvalPlus's

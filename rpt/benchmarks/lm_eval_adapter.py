@@ -39,6 +39,7 @@ from rpt.benchmarks.model_args import (
     parse_bool,
     sampling_knobs,
 )
+from rpt.sampling import chat
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.loading import check_checkpoint, check_device
 
@@ -61,7 +62,8 @@ class RPTLM(LM):
             device = "cpu"  # lm-eval's command line passes --device cuda by default
         check_device(device, flag="device")
         SamplingConfig(**self.knobs)  # a bad knob is named before loading
-        self.model, self.tokenizer, self.window = load_checkpoint(str(pretrained), device, dtype)
+        self.pretrained = str(pretrained)
+        self.model, self.tokenizer, self.window = load_checkpoint(self.pretrained, device, dtype)
         self.config = SamplingConfig(**{"eos_token_id": self.tokenizer.eos_token_id, **self.knobs})
         check_checkpoint(self.window, self.config, str(pretrained))
         self.compile = parse_bool("compile", compile)  # model_args arrive as strings: true / false, strictly
@@ -123,6 +125,22 @@ class RPTLM(LM):
                 return cut
             keep -= 1  # re-encoding the cut text can take a token more: keep fewer until it fits
         return prompt
+
+    # ---- chat (lm-eval's --apply_chat_template) --------------------------------------------------
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's template, checked once before any request is built (a template that fails is
+        one :class:`~rpt.sampling.chat.ChatTemplateError` line, as under ``--chat`` elsewhere)."""
+        if not chat_template:
+            return None
+        if isinstance(chat_template, str) and chat_template not in ("default", "true", "True"):
+            raise ValueError(f"--apply_chat_template {chat_template}: the rpt model applies the tokenizer's default "
+                             "chat template; pass --apply_chat_template without a name")
+        chat.require_chat_template(self.tokenizer, self.pretrained, flag="--apply_chat_template")
+        return chat.template_text(self.tokenizer)
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``chat_history`` (:func:`rpt.sampling.chat.render`: one BOS, like every entry point)."""
+        return chat.render(self.tokenizer, chat_history, add_generation_prompt=add_generation_prompt)
 
     # ---- log-likelihoods (NTP) ------------------------------------------------------------------
     @torch.no_grad()

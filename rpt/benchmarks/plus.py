@@ -117,8 +117,17 @@ def load_tasks(dataset: str, directory: str | Path | None = None) -> dict[str, d
     setattr(module, attr, str(path))
     try:
         tasks = he_data.get_human_eval_plus() if dataset == "humaneval" else mbpp_data.get_mbpp_plus()
+    except Exception as exc:  # a corrupt or hand-edited release file: evalplus's reader raises whatever it meets
+        raise EvalInputError(f"{path}: evalplus cannot read it ({type(exc).__name__}: {str(exc)[:200]}); use the "
+                             f"release file {FILES[dataset]} as published") from None
     finally:
         setattr(module, attr, previous)
+    needed = ("prompt", "entry_point", "canonical_solution", "base_input", "plus_input", "atol")
+    for task_id, task in tasks.items():
+        missing = [key for key in needed if key not in task]
+        if missing or not all(isinstance(task[k], str) for k in needed[:3]):
+            raise EvalInputError(f"{path}: task {task_id!r} lacks {', '.join(missing) or 'string fields'} "
+                                 f"(needs {', '.join(needed)}); use the release file {FILES[dataset]} as published")
     for task in tasks.values():
         task["atol"] = float(task["atol"] or 0)
         for split in ("base_input", "plus_input"):

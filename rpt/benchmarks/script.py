@@ -20,21 +20,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from rpt.benchmarks import sweep
 from rpt.benchmarks.generation import add_model_args, check_source_args, load_checkpoint
-from rpt.benchmarks.jsonl import EvalInputError
+from rpt.benchmarks.jsonl import EvalInputError, select_tasks
 from rpt.entry_defaults import explain_defaults
 from rpt.model_ref import ModelRefError, resolve_model_ref
-from rpt.report import ResultStore, bar_plot, save_figure, sibling, write_json, write_markdown
+from rpt.report import ResultStore, bar_plot, out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
-from rpt.sampling.loading import check_checkpoint, load_tokenizer
+from rpt.sampling.loading import check_checkpoint, check_device, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sandbox import IsolationUnavailable
 
@@ -71,8 +70,17 @@ class Benchmark:
         raise NotImplementedError
 
     def given_records(self, args: argparse.Namespace, problems) -> list[dict]:
-        """``--completions``: the records to score, ``{id_field, completion}``, in input order."""
+        """``--completions``: every record of the file (or keyword), ``{id_field, completion}``, in input
+        order, each naming a task of ``problems``; the skeleton applies ``--limit``."""
         raise NotImplementedError
+
+    def task_ids(self, problems) -> list:
+        """The benchmark's task ids in its own order (``--limit N``: the first N of them)."""
+        return list(problems)
+
+    def check_records(self, args: argparse.Namespace, records: list[dict]) -> None:
+        """Refuse (:class:`EvalInputError`) records the metrics could not be computed from, before any
+        of them is scored."""
 
     def items(self, args: argparse.Namespace, problems) -> list[dict]:
         """``--checkpoint``: ``{"id", "prompt"}`` per problem to generate for (``--limit`` applied); under
@@ -131,21 +139,6 @@ def build_parser(benchmark: Benchmark) -> argparse.ArgumentParser:
     return explain_defaults(parser, benchmark.script) if benchmark.script else parser
 
 
-def out_problem(out: str | Path) -> str | None:
-    """Why the report cannot be written at ``out`` (and beside it), or None."""
-    for path in (Path(out), sibling(out, ".md"), sibling(out, ".png"), sibling(out, ".items.jsonl")):
-        if path.is_dir():
-            return f"--out {out}: {path} is a folder; name a file, e.g. --out {Path(out) / 'result.json'}"
-    parent = Path(out).expanduser().absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"--out {out}: {parent} is a file, not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {out}: cannot write in {parent}"
-    return None
-
-
 def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
     """The whole script: parse, check, score given completions or generate-and-score, report."""
     parser = build_parser(benchmark)
@@ -158,6 +151,8 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
         problem = out_problem(args.out)
         if problem is not None:  # before any work: a bad --out would otherwise fail only at the end
             raise EvalInputError(problem)
+        if args.checkpoint is not None:
+            check_device(args.device)
         benchmark.check_args(parser, args)
         problems = benchmark.load(args)
         if args.completions is not None:
@@ -177,11 +172,27 @@ def _scores(row: dict) -> str:
 
 
 def _run_given(benchmark: Benchmark, args: argparse.Namespace, problems) -> int:
-    records = benchmark.given_records(args, problems)
+    records, coverage = select_tasks(benchmark.given_records(args, problems), benchmark.id_field,
+                                     benchmark.task_ids(problems), args.limit)
+    scope = "all tasks" if args.limit is None else f"the first {args.limit} tasks"
+    if not records:
+        raise EvalInputError(f"--completions {args.completions} has no completion for {scope} of {benchmark.title} "
+                             f"(its {coverage['ignored_completions']} are for later tasks); raise --limit or drop it")
+    if coverage["ignored_completions"]:
+        n = coverage["ignored_completions"]
+        print(f"note: {n} completion{'s' * (n != 1)} of {args.completions} for tasks past --limit {args.limit} "
+              "not scored", file=sys.stderr)
+    if coverage["tasks_without_completion"] and args.limit is not None:
+        print(f"note: {coverage['tasks_without_completion']} of {scope} have no completion in {args.completions} "
+              f"(first: {', '.join(map(str, coverage['first_without_completion']))}); the scores are over the "
+              "tasks that have one", file=sys.stderr)
+    benchmark.check_records(args, records)
     store = ResultStore(args.out, fresh=args.fresh)
     results = benchmark.score(args, problems, records, store)
-    summary = {"benchmark": benchmark.name, "completions": args.completions, **benchmark.header(args),
-               **benchmark.metrics(args, results), "results": results}
+    summary = {"benchmark": benchmark.name, "completions": args.completions, "limit": args.limit,
+               **benchmark.header(args), **benchmark.metrics(args, results),
+               "ignored_completions": coverage["ignored_completions"],
+               "tasks_without_completion": coverage["tasks_without_completion"], "results": results}
     metrics = _metric_rows(summary)
     tables = [(["metric", "value"], metrics)]
     failures = benchmark.failures(results)
@@ -226,13 +237,13 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
         args.checkpoint = resolve_model_ref(args.checkpoint, "--checkpoint", "train one first or check the path")
     except ModelRefError as e:
         raise EvalInputError(str(e)) from None
-    if args.chat:  # before the model loads and anything is written
-        chat.require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint)
-    store = sweep.open_store(args.out, fresh=args.fresh)
-    model, tokenizer, window = load_checkpoint(args.checkpoint, sweep.process_device(args.device), args.dtype)
-    if args.chat:
+    if args.chat:  # every prompt rendered before the model loads and anything is written
+        tokenizer = load_tokenizer(args.checkpoint)
+        chat.require_chat_template(tokenizer, args.checkpoint)
         items = [{"id": it["id"], "prompt": chat.render(tokenizer, it["messages"], it.get("reply_prefix", ""))}
                  for it in items]
+    store = sweep.open_store(args.out, fresh=args.fresh)
+    model, tokenizer, window = load_checkpoint(args.checkpoint, sweep.process_device(args.device), args.dtype)
     base = sampling_config_from_args(args, tokenizer, stop=stop, rpt_iters=0, temperature=0.0)
     for setting in settings:
         check_checkpoint(window, setting.config(base), args.checkpoint)

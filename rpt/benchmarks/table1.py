@@ -77,6 +77,43 @@ def _data_dir(args) -> list[str]:
     return ["--data-dir", args.evalplus_dir] if args.evalplus_dir else []
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag of ``eval/table1.py`` before the first run: one ``ValueError`` line naming the flag
+    and the fix (a bad value would otherwise stop a benchmark run midway through the table)."""
+    from rpt.preflight import check_output_dir  # late: the config stack, only the script needs it
+    from rpt.sampling.loading import check_device  # late: transformers, only the script needs it
+
+    check_output_dir(args.out, "--out")  # a folder: an existing file is refused, not overwritten
+    rules = [("--windows", args.windows, lambda w: w >= 2, "RPT revisits at least one previous token: use w >= 2 "
+              "(the paper: 2, and 3 in App. B.1)"),
+             ("--rpt-iters", args.rpt_iters, lambda k: k >= 0, "use k >= 0 (0 = NTP)"),
+             ("--temperatures", args.temperatures, lambda t: math.isfinite(t) and t >= 0, "use 0 (greedy) or a "
+              "positive temperature"),
+             ("--confidence", [args.confidence], lambda c: 0 <= c <= 1, "use a probability in [0, 1] (paper: 0.9)"),
+             ("--max-new-tokens", [args.max_new_tokens], lambda n: n >= 1, "use an integer >= 1"),
+             ("--limit", [] if args.limit is None else [args.limit], lambda n: n >= 1, "use an integer >= 1"),
+             ("--batch-size", [args.batch_size], lambda n: n >= 1, "use an integer >= 1"),
+             ("--shots", [args.shots], lambda n: n >= 0, "use an integer >= 0")]
+    for flag, values, ok, fix in rules:
+        for value in values:
+            if not ok(value):
+                raise ValueError(f"{flag} {value} is invalid: {fix}")
+    check_device(args.device)
+
+
+def chat_probes(benchmarks: Sequence[str]) -> list[list[dict]]:
+    """One conversation of each chat convention the table's benchmarks use, rendered before the first
+    run: a template that fails on GSM8K's turns stops the table before HumanEval+ is generated."""
+    from rpt.benchmarks import chat_prompts  # late: only --chat needs the conventions
+
+    probes = []
+    if {"humaneval_plus", "mbpp_plus"} & set(benchmarks):
+        probes.append(chat_prompts.code_turns("def f(x):\n    return x\n")[0])
+    if "gsm8k" in benchmarks:
+        probes.append(chat_prompts.gsm8k_turns([("Question: 1 + 1?\nAnswer:", "2")], "Question: 2 + 2?\nAnswer:"))
+    return probes
+
+
 def problems_of(summary: dict, rpt_iters: int, temperature: float) -> int | None:
     """The number of problems behind the setting ``(rpt_iters, temperature)`` of a benchmark run
     (None where the JSON does not say)."""

@@ -13,6 +13,11 @@ from typing import Any
 from rpt.sampling.config import SamplingConfig
 
 KEYS = ("lz_penalty", "lz_window", "lz_buffer", "lz_variant", "lz_include_prompt")
+# Per-request bounds, checked at admission: what one LZ request may cost the engine. A row's state is
+# 16 * W bytes (128 KiB at the bound), its setting's penalty table 4 * (B + 1) * W bytes (4.2 MB), and
+# Model Runner V2's per-step match lengths B * W bytes per row (1 MiB). The paper's W is 512, B 32.
+MAX_WINDOW = 8192
+MAX_BUFFER = 128
 # SamplingConfig knobs an engine's plain NTP step cannot honour: refused rather than ignored
 _NOT_SERVED = {
     "rpt_iters": "RPT iterations need the checkpoint's offset table and previous-token queries, which a serving "
@@ -57,6 +62,10 @@ class LZSettings:
         except ValueError as e:  # SamplingConfig's message names the field and the fix
             raise ValueError(f"extra_args {str(e).removeprefix('SamplingConfig.')} (the LZ penalty, "
                              "rpt.integrations.vllm)") from None
+        for key, value, bound in (("lz_window", config.lz_window, MAX_WINDOW), ("lz_buffer", config.lz_buffer, MAX_BUFFER)):
+            if value > bound:
+                raise ValueError(f"extra_args {key}={value} is above the engine's bound {bound} (per-request memory: "
+                                 "rpt.integrations.lz_settings); use at most that (the paper: lz_window 512, lz_buffer 32)")
         if config.lz_penalty == 0:
             return None
         return cls(config.lz_penalty, config.lz_window, config.lz_buffer, config.lz_variant, config.lz_include_prompt)

@@ -21,15 +21,13 @@ the runner's own device token history; no host work per step beyond grouping).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 
 from rpt.integrations.lz_rows import LZRows
 from rpt.integrations.lz_settings import LZSettings
-from rpt.sampling.lz import apply_closest_longest, apply_codelength, lz_match_lengths, penalty_table
+from rpt.integrations.lz_slots import LZSlots
 
 try:  # Model Runner V2's interface (vLLM >= 0.3x); older releases have V1 only
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
@@ -77,69 +75,24 @@ class LZPenaltyV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
     """Model Runner V2 interface: per-slot settings from ``add_request``; each step, each LZ row's last
     W context tokens are gathered from ``req_states.all_token_ids`` (committed tokens) and the
     step's ``input_ids`` (draft tokens under speculative decoding), then the match lengths are
-    computed from scratch on the device (:func:`~rpt.sampling.lz.lz_match_lengths`, no host sync)."""
+    computed from scratch on the device (:func:`~rpt.sampling.lz.lz_match_lengths`, no host sync).
+    The state and the step are :class:`~rpt.integrations.lz_slots.LZSlots` (no vLLM import)."""
 
     def __init__(self, vllm_config, req_states) -> None:
-        self.req_states = req_states
-        self.settings: list[LZSettings | None] = [None] * req_states.max_num_reqs
-        self.slot_group = torch.full((req_states.max_num_reqs,), -1, dtype=torch.long, device=req_states.device)
-        self._staged: dict[int, int] = {}
-        self.groups: list[LZSettings] = []
-        self._tables: dict[tuple[LZSettings, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.state = LZSlots(req_states)
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
         _validate(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params) -> bool:
-        settings = LZSettings.from_extra_args(sampling_params.extra_args)
-        self.settings[req_idx] = settings
-        if settings is not None and settings not in self.groups:
-            self.groups.append(settings)
-        self._staged[req_idx] = -1 if settings is None else self.groups.index(settings)
-        return settings is not None
+        return self.state.add(req_idx, LZSettings.from_extra_args(sampling_params.extra_args))
 
     def apply_staged_writes(self) -> None:
-        if self._staged:
-            slots = torch.tensor(list(self._staged), dtype=torch.long)
-            values = torch.tensor(list(self._staged.values()), dtype=torch.long)
-            self.slot_group[slots.to(self.slot_group.device)] = values.to(self.slot_group.device)
-            self._staged.clear()
+        self.state.apply_staged_writes()
 
     def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
-        present = {self.settings[i] for i in ctx.idx_mapping_np.tolist()} - {None}  # host-side: which settings run
-        for settings in present:
-            self._apply_group(logits, ctx, settings, self.groups.index(settings))
-        return logits
-
-    def _apply_group(self, logits: torch.Tensor, ctx, settings: LZSettings, group: int) -> None:
-        rs, w = self.req_states, settings.window
-        slot = ctx.expanded_idx_mapping.long()
-        local = ctx.expanded_local_pos.long()
-        total = rs.total_len.gpu[slot].long()
-        start = torch.zeros_like(total) if settings.include_prompt else rs.prompt_len.gpu[slot].long()
-        length = total + local  # the row's context: committed tokens, then this step's drafts before it
-        q = length[:, None] - w + torch.arange(w, device=logits.device)  # positions of the window's columns
-        history = rs.all_token_ids.gpu
-        committed = history[slot[:, None], q.clamp(0, history.shape[1] - 1)]
-        # input_ids at local position 0 is the last committed token; drafts follow it
-        row = torch.arange(slot.shape[0], device=logits.device)[:, None]
-        drafted = ctx.input_ids[(row - local[:, None] + 1 + q - total[:, None]).clamp(0, ctx.input_ids.shape[0] - 1)]
-        tokens = torch.where(q < total[:, None], committed, drafted).long()
-        lengths = (length - start).clamp(0, w).masked_fill(self.slot_group[slot] != group, 0)
-        tokens, s, valid = lz_match_lengths(tokens, w, settings.buffer, lengths)
-        if settings.variant == "closest_longest":
-            apply_closest_longest(logits, tokens, s, valid, settings.alpha, settings.buffer, math.log2(logits.shape[-1]))
-        else:
-            table, base = self._table(settings, logits.shape[-1], logits.device)
-            # rows of other requests have no real column (lengths 0): their penalty is 0, a no-op
-            apply_codelength(logits, tokens, settings.buffer - s, table, base, w)
-
-    def _table(self, settings: LZSettings, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (settings, width)
-        if key not in self._tables:
-            self._tables[key] = penalty_table(settings.alpha, settings.window, settings.buffer, math.log2(width), device)
-        return self._tables[key]
+        return self.state.apply(logits, ctx)
 
 
 class _SecondV1(V1LogitsProcessor):

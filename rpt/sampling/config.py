@@ -27,6 +27,10 @@ _INT_RULES = (  # one rule per field
     (("rpt_window",), 2, "RPT revisits at least one previous token: use an integer >= 2 (2 or 3)"),
     (("top_k", "rpt_iters"), 0, "use an integer >= 0 (0 turns it off)"),
 )
+# The LZ window and match lengths are allocated as [W] / [B + 1, W] tensors (rpt/sampling/lz.py): a
+# typo like 10**12 must be one error, not an allocation failure. 65536 tokens covers any context
+# this sampler decodes; the reference penalizer uses 512 and 32.
+_INT_MAXIMA = {"lz_window": 65536, "lz_buffer": 256}
 _RANGE_RULES = (
     ("temperature", lambda v: v >= 0, "use 0 for greedy decoding or a positive temperature"),
     ("top_p", lambda v: 0 < v <= 1, "use a value in (0, 1]; 1 turns top-p off"),
@@ -82,6 +86,9 @@ class SamplingConfig:
             for name in names:
                 if not _is_int(getattr(self, name)) or getattr(self, name) < low:
                     raise self._bad(name, fix)
+        for name, high in _INT_MAXIMA.items():
+            if getattr(self, name) > high:
+                raise self._bad(name, f"use an integer in [1, {high}] (the paper's window is 512, its buffer 32)")
         for name in _FLOAT_KNOBS:
             if not _is_real(getattr(self, name)):
                 raise self._bad(name, "use a finite number")

@@ -13,6 +13,7 @@ import torch
 from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.model_ref import resolve_model_ref
 from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
+from rpt.sampling.chat import template_file_problem
 from rpt.sampling.config import SamplingConfig
 
 
@@ -55,8 +56,10 @@ def load_tokenizer(checkpoint: str):
     checkpoint = resolve_model_ref(checkpoint, "checkpoint", "train one first or check the path")
     try:
         return AutoTokenizer.from_pretrained(checkpoint)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {_first_line(e)}") from None
+    except Exception as e:  # a file transformers cannot read (KeyError, TypeError, UnicodeDecodeError, ...)
+        problem = template_file_problem(os.path.expanduser(checkpoint)) or (
+            _first_line(e) if isinstance(e, (OSError, ValueError)) else f"{type(e).__name__}: {_first_line(e)}")
+        raise ValueError(f"cannot load a tokenizer from {checkpoint!r}: {problem}") from None
 
 
 def read_checkpoint_config(checkpoint: str) -> RPTConfig | None:

@@ -69,6 +69,8 @@ def _check_sizes(window: int, buffer: int) -> None:
 
 
 _TABLES: dict[tuple[int, int, str], torch.Tensor] = {}
+# A server meets many (W, B) settings over its life: keep the most recently used tables, not all.
+_MAX_TABLES = 16
 
 
 def cost_table(window: int, buffer: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -76,11 +78,15 @@ def cost_table(window: int, buffer: int, device: torch.device | str = "cpu") -> 
     match length ``min(s, c)`` (a match cannot start before the window). Read the columns
     ``W - m ..`` for a window of m tokens: ``table[:, W - m:].gather(0, s)``."""
     key = (window, buffer, str(device))
-    if key not in _TABLES:
+    table = _TABLES.pop(key, None)
+    if table is None:
         col = torch.arange(window, dtype=torch.float64)
         length = torch.minimum(torch.arange(buffer + 1, dtype=torch.float64)[:, None], col) + 1
-        _TABLES[key] = ((torch.log2(window - col + 1) + torch.log2(length)) / length).float().to(device)
-    return _TABLES[key]
+        table = ((torch.log2(window - col + 1) + torch.log2(length)) / length).float().to(device)
+    _TABLES[key] = table  # the most recent last
+    while len(_TABLES) > _MAX_TABLES:
+        del _TABLES[next(iter(_TABLES))]
+    return table
 
 
 _WEIGHTS: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rpt.metrics import read_metrics
-from rpt.report import save_figure, sibling, write_json, write_markdown
+from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import theory_prediction as tt
@@ -241,6 +241,13 @@ def run_controlled(args: argparse.Namespace) -> int:
     input is one ``error:`` line and 2."""
     if args.contexts < 2 or (args.checkpoints and not args.source) or (args.source and not args.checkpoints):
         print("error: need --contexts >= 2, and --source together with --checkpoints", file=sys.stderr)
+        return 2
+    steps = [s for s in (args.pretrain_steps, args.finetune_steps, args.sweep_steps) if s is not None]
+    problem = out_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, (".md", ".png"))
+    if problem is None and (args.parallel < 1 or (args.threads is not None and args.threads < 1) or min(steps, default=1) < 1):
+        problem = "need --parallel >= 1, --threads >= 1 and step counts >= 1"
+    if problem is not None:  # before a source is written or a model trained
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

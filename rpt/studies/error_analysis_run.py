@@ -40,7 +40,10 @@ def load_texts(args: argparse.Namespace) -> tuple[list[str], str]:
         path = Path(args.text_file)
         if not path.is_file():
             raise EvalInputError(f"{path}: file not found")
-        return [path.read_text(encoding="utf-8", errors="replace")], args.text_file
+        try:
+            return [path.read_text(encoding="utf-8")], args.text_file
+        except UnicodeDecodeError as exc:
+            raise EvalInputError(f"{path}: not UTF-8 text (byte {exc.start + 1}); save the file as UTF-8") from None
     from rpt.data import stdlib_texts  # late: datasets and the tokenizer stack, only for the default text
 
     return stdlib_texts("validation", args.val_fraction), f"stdlib:validation:{args.val_fraction:g}"

@@ -10,6 +10,28 @@ import random
 from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
 from rpt.studies import repetition_study as study
 
+FAMILIES = ("none", "repetition", "frequency", "lz", "rpt_lz")
+
+
+def check_args(args) -> None:
+    """``eval/repetition.py``'s flags before the model loads: one :class:`EvalInputError` naming the flag."""
+    from rpt.report import out_problem  # late: matplotlib, only the script needs it
+    from rpt.sampling.loading import check_device  # late: transformers, only the script's checks
+
+    problem = out_problem(args.out)
+    if problem is not None:
+        raise EvalInputError(problem)
+    unknown = sorted(set(args.families) - set(FAMILIES))
+    if unknown:
+        raise EvalInputError(f"--families {' '.join(unknown)}: not a family of the study; use some of {', '.join(FAMILIES)}")
+    for flag, value, low in (("--limit", args.limit, 1), ("--prompt-tokens", args.prompt_tokens, 1),
+                             ("--min-len", args.min_len, 1), ("--min-repeats", args.min_repeats, 2),
+                             ("--batch-size", args.batch_size, 1), ("--rpt-iters", args.rpt_iters, 0),
+                             ("--rpt-window", args.rpt_window, 2)):
+        if value < low:
+            raise EvalInputError(f"{flag} {value} is invalid: use an integer >= {low}")
+    check_device(args.device)
+
 
 def load_prompts(args, tokenizer) -> list[dict]:
     """``--limit`` prompts ``{"id", "prompt"}`` from ``--prompts``: stdlib snippets of ``--prompt-tokens``
@@ -31,7 +53,12 @@ def load_prompts(args, tokenizer) -> list[dict]:
             start = rng.randrange(0, len(ids) - args.prompt_tokens)
             items.append({"id": f"stdlib-{i}", "prompt": tokenizer.decode(ids[start : start + args.prompt_tokens])})
     else:
-        items = [{"id": r.get("id", i), "prompt": r["prompt"]} for i, r in enumerate(read_jsonl(args.prompts, required=["prompt"]))]
+        def validate(obj: dict) -> None:
+            if not isinstance(obj["prompt"], str):
+                raise ValueError(f"'prompt' must be a string, got {type(obj['prompt']).__name__}")
+
+        rows = read_jsonl(args.prompts, required=["prompt"], validate=validate)
+        items = [{"id": r.get("id", i), "prompt": r["prompt"]} for i, r in enumerate(rows)]
     if not items:
         raise EvalInputError(f"no prompts from {args.prompts!r}")
     return items[: args.limit]

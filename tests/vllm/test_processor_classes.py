@@ -8,18 +8,10 @@ import torch
 
 from rpt.integrations.lz_settings import LZSettings
 from rpt.integrations.vllm import LZPenalty, LZPenaltyV1, LZPenaltyV2
-from rpt.sampling.lz import LZPenaltyLogitsProcessor
+from tests.test_lz_slots import truth  # the HF processor from scratch
 
 pytestmark = pytest.mark.vllm
 V = 50
-
-
-def truth(logits_row, settings, context, prompt_len):
-    if settings is None:
-        return logits_row
-    proc = LZPenaltyLogitsProcessor(settings.alpha, settings.window, settings.buffer,
-                                    prompt_length=0 if settings.include_prompt else prompt_len, variant=settings.variant)
-    return proc(torch.tensor([context]), logits_row[None].clone())[0]
 
 
 def params(settings):
