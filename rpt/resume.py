@@ -1,7 +1,8 @@
 """Where a run starts: the checkpoint to resume (verified and checked against the config) or none.
 
 Decided before the data, the model or the optimizer is built, so a refused resume costs nothing
-and writes nothing. The main process first checks the run's own files (:mod:`rpt.run_files`). Every process reaches the same decision:
+and writes nothing. The main process first takes the output directory's lock (:mod:`rpt.run_lock`)
+and checks the run's own files (:mod:`rpt.run_files`). Every process reaches the same decision:
 the manifest is verified by the main process (hashing a large checkpoint once, not once per rank)
 and its verdict broadcast, so no rank loads a checkpoint another refused (a rank left alone in a
 collective would hang).
@@ -16,6 +17,7 @@ from typing import Any
 from rpt.checkpointing import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
 from rpt.config import ConfigError, TrainConfig
 from rpt.run_files import check_run_files
+from rpt.run_lock import take_run_lock
 from rpt.run_record import check_fresh_start, check_resume
 
 
@@ -53,6 +55,7 @@ def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
     verdict: list[Any] = [None]
     if accelerator.is_main_process:
         try:
+            take_run_lock(cfg.output_dir)  # one trainer per output_dir (rpt.run_lock), before any file is read
             for note in check_run_files(cfg.output_dir):
                 print(note, flush=True)
             verdict[0] = ("ok", _verify(path, deepspeed)) if path else ("ok", False)
