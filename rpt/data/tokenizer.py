@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rpt.data.errors import DataError
-from rpt.data.sources import is_token_store, texts
+from rpt.data.sources import content_fingerprint, is_token_store, texts
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -47,7 +47,9 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
             raise DataError("tokenizer {train_bpe: ...} needs text data, but data is a token store; "
                             "set tokenizer to the store's tokenizer (see its index.json)")
         vocab_size = int((spec["train_bpe"] or {}).get("vocab_size", 4096))
-        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        # Keyed by the files' content too (size, mtime): a corpus rewritten in place trains a new tokenizer.
+        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size, content_fingerprint(sources)],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
         path = os.path.join(cache_dir or "runs/cache", f"tokenizer-{key}")
         if not os.path.isdir(path):
             tok = train_bpe_tokenizer(texts(sources, holdout, val_fraction, seed), vocab_size)
