@@ -12,6 +12,7 @@ logged step (a few milliseconds at 10^5 lines), once at start-up.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,15 +39,23 @@ def _damaged(path: str, what: str, detail: str) -> ConfigError:
     return ConfigError(f"{path} {detail}; it is {what}: restore it from a copy, or start a new output_dir")
 
 
-def read_text_file(path: str, what: str) -> str:
-    """The UTF-8 text of ``path``: a directory, an unreadable file or other bytes is one error naming it."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{path} is a directory, not a file; it is {what}: move the directory away")
+def _read_bytes(path: str, what: str) -> bytes:
+    """The bytes of ``path``, a regular file (a directory, a FIFO that would block, a device: one error)."""
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path} is a directory, not a file; it is {what}: move the directory away")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{path} is not a regular file; it is {what}: replace it with the file")
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as e:
         raise ConfigError(f"{path} cannot be read ({e.strerror or e}); it is {what}") from None
+
+
+def read_text_file(path: str, what: str) -> str:
+    """The UTF-8 text of ``path``: a directory, an unreadable file or other bytes is one error naming it."""
+    data = _read_bytes(path, what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -62,13 +71,7 @@ def read_log(path: str, parse: Callable[[str], Any], what: str, keep_unterminate
     out = LogLines(path)
     if not os.path.lexists(path):
         return out
-    if os.path.isdir(path):
-        raise ConfigError(f"{path} is a directory, not a file; it is {what}: move the directory away")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError(f"{path} cannot be read ({e.strerror or e}); it is {what}") from None
+    data = _read_bytes(path, what)
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends with a newline, else its unterminated last line
     for number, raw in enumerate(lines, 1):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from rpt.checkpointing import CHECKPOINT_RE
 from rpt.config import ConfigError
 from rpt.metrics import read_metrics_log
 from rpt.run_log import read_train_log
@@ -28,10 +29,12 @@ def check_run_files(output_dir: str) -> list[str]:
         if os.path.isdir(path):
             raise ConfigError(f"{path} is a directory, but the run writes its {name} there; move the directory away "
                               "or use another output_dir")
-    final = os.path.join(output_dir, "final")
-    if os.path.lexists(final) and not os.path.isdir(final):
-        raise ConfigError(f"{final} is not a directory, but the run writes its final checkpoint there; move it away "
-                          "or use another output_dir")
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    for name in ["final"] + [n for n in names if CHECKPOINT_RE.match(n)]:
+        path = os.path.join(output_dir, name)
+        if os.path.lexists(path) and not os.path.isdir(path):  # the rename that commits it would fail after training
+            raise ConfigError(f"{path} is not a directory, but the run writes a checkpoint there; move it away or use "
+                              "another output_dir")
     read_config_record(output_dir)
     logs = [read_metrics_log(os.path.join(output_dir, "metrics.jsonl")), read_train_log(os.path.join(output_dir, "train.log")),
             read_segments_log(output_dir)]

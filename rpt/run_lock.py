@@ -204,6 +204,7 @@ def release_run_lock(output_dir: str | None = None) -> None:
             if held is None:
                 continue
             held.stop.set()
+            held.thread.join(timeout=10)  # not mid-rewrite: a beat after the unlink would leave the lock behind
             holder = _read(path)
             if holder and holder.get("token") == held.record["token"]:
                 try:

@@ -28,7 +28,7 @@ def record_bytes(run) -> dict[str, bytes]:
     for root, _dirs, files in os.walk(run):
         for name in files:
             path = os.path.join(root, name)
-            out[os.path.relpath(path, run)] = open(path, "rb").read()
+            out[os.path.relpath(path, run)] = open(path, "rb").read() if os.path.isfile(path) else "not a file"
     return out
 
 
@@ -215,13 +215,20 @@ def damage(run, case: str) -> tuple[str, str]:
         shutil.rmtree(run / "final")
         (run / "final").write_text("x")
         return "final", "not a directory"
+    if case == "a file where a checkpoint goes":
+        (run / "checkpoint-6").write_text("x")
+        return "checkpoint-6", "not a directory"
+    if case == "train.log a FIFO":
+        log.unlink()
+        os.mkfifo(log)
+        return "train.log", "is not a regular file"
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["metrics bad first line", "metrics middle line", "metrics repeated step",
                                   "metrics row without a step", "train.log non-UTF-8", "train.log foreign line",
                                   "segments damaged middle", "config.yaml non-UTF-8", "run_summary.txt a directory",
-                                  "final a file"])
+                                  "final a file", "a file where a checkpoint goes", "train.log a FIFO"])
 def test_a_damaged_record_is_one_line_naming_file_and_line_and_changes_nothing(finished, tmp_path, capsys, case):
     cfg, run = copy_run(finished, tmp_path)
     name, message = damage(run, case)
