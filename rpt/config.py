@@ -107,6 +107,13 @@ CHOICES = {
 }
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: its own text spans lines (a copy of the line, a caret under it)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p) or str(e)
+    return f"line {mark.line + 1}: {' '.join(what.split())}" if mark else " ".join(what.split())
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
 
@@ -151,11 +158,8 @@ def _load_yaml(path: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
                           "as UTF-8") from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader) or {}
-    except yaml.YAMLError as e:  # its own text spans lines (a pointer under the line): the line and problem instead
-        mark = getattr(e, "problem_mark", None)
-        what = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p) or str(e)
-        raise ConfigError(f"config file {path} is not valid YAML{f' (line {mark.line + 1})' if mark else ''}: "
-                          f"{' '.join(what.split())}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML ({yaml_error_text(e)})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must be a mapping of keys to values")
     base = raw.pop("base", None)

@@ -19,7 +19,7 @@ import yaml
 
 from rpt.append_log import LogLines, read_log, read_text_file
 from rpt.checkpointing import checkpoint_dirs, write_json_atomic
-from rpt.config import ConfigError, TrainConfig
+from rpt.config import ConfigError, TrainConfig, yaml_error_text
 
 # Keys a resume may change: how long to train (upwards) and how often to log, evaluate and save.
 # Plus how a step is executed, not what it computes: an OOM on resume is met by turning gradient
@@ -76,7 +76,8 @@ def read_config_record(output_dir: str) -> dict[str, Any] | None:
     try:
         recorded = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML ({e}); it is the run's record: restore it or start a new output_dir") from None
+        raise ConfigError(f"{path} is not valid YAML ({yaml_error_text(e)}); it is the run's record: restore it or start "
+                          "a new output_dir") from None
     if not isinstance(recorded, dict):
         raise ConfigError(f"{path} is not a mapping of config keys; it is the run's record: restore it or start a new output_dir")
     return recorded

@@ -207,6 +207,9 @@ def damage(run, case: str) -> tuple[str, str]:
     if case == "config.yaml non-UTF-8":
         (run / "config.yaml").write_bytes(b"\xff" + (run / "config.yaml").read_bytes())
         return "config.yaml", "line 1 is not UTF-8 text"
+    if case == "config.yaml not YAML":
+        (run / "config.yaml").write_text("lr: [1\nseed: 0\n")
+        return "config.yaml", "is not valid YAML (line"
     if case == "run_summary.txt a directory":
         (run / "run_summary.txt").unlink()
         (run / "run_summary.txt").mkdir()
@@ -227,7 +230,7 @@ def damage(run, case: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("case", ["metrics bad first line", "metrics middle line", "metrics repeated step",
                                   "metrics row without a step", "train.log non-UTF-8", "train.log foreign line",
-                                  "segments damaged middle", "config.yaml non-UTF-8", "run_summary.txt a directory",
+                                  "segments damaged middle", "config.yaml non-UTF-8", "config.yaml not YAML", "run_summary.txt a directory",
                                   "final a file", "a file where a checkpoint goes", "train.log a FIFO"])
 def test_a_damaged_record_is_one_line_naming_file_and_line_and_changes_nothing(finished, tmp_path, capsys, case):
     cfg, run = copy_run(finished, tmp_path)
