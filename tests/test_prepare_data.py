@@ -211,3 +211,24 @@ def test_a_token_store_naming_a_file_outside_it_is_one_line_from_train_py(tmp_pa
     cfg = write_config(tmp_path, data={"tokens": str(tmp_path / "s")}, tokenizer=None, eval_batches=0)
     assert train_main(cfg) == 2
     assert "is not a file inside the store" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_hub_sources_key_follows_the_commit_its_cache_holds(tmp_path, monkeypatch):
+    """Offline, a hub dataset's content is the commit the local hub cache holds: a newer download
+    (another refs/main) keys another store; a pinned commit is its own key."""
+    from huggingface_hub import constants
+
+    from rpt.data.sources import content_fingerprint, hub_dataset_commit
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    refs = tmp_path / "datasets--org--corpus" / "refs"
+    refs.mkdir(parents=True)
+    source = {"hub": "org/corpus", "split": "train"}
+    keys = []
+    for commit in ("a" * 40, "b" * 40):
+        (refs / "main").write_text(commit)
+        hub_dataset_commit.cache_clear()
+        keys.append(content_fingerprint(source))
+    assert keys[0] != keys[1] and hub_dataset_commit("org/corpus", "c" * 40) == "c" * 40
+    hub_dataset_commit.cache_clear()

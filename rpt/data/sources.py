@@ -81,9 +81,34 @@ def _file_stamps(files: list[str], root: str | None = None) -> list[tuple[str, i
     return stamps
 
 
+@functools.lru_cache(maxsize=64)
+def hub_dataset_commit(name: str, revision: str | None) -> str | None:
+    """The commit a hub dataset source reads: asked of the hub once per process when online, else the
+    commit the local hub cache holds for ``revision`` (default ``main``); None when neither says."""
+    if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision  # pinned to a commit
+    from huggingface_hub import constants
+
+    from rpt.model_ref import hub_offline  # late: huggingface_hub, only for hub sources
+
+    if not hub_offline():
+        try:
+            from huggingface_hub import HfApi
+
+            return HfApi().dataset_info(name, revision=revision, timeout=10).sha
+        except Exception:  # unreachable, or not a hub repo (a local datasets script): the cache's word below
+            pass
+    ref = os.path.join(constants.HF_HUB_CACHE, f"datasets--{name.replace('/', '--')}", "refs", revision or "main")
+    try:
+        with open(ref, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def content_fingerprint(sources: Any) -> str:
     """What the texts of ``sources`` are read from, as a short hash: each local file's path, size and
-    modification time (the stdlib's files with the interpreter's version), a hub source's revision.
+    modification time (the stdlib's files with the interpreter's version), a hub source's commit.
     One ``stat`` per file: a corpus rewritten in place gets another fingerprint, so whatever was
     built from it (a cached token store, a trained tokenizer) is built again instead of reused."""
     parts: list[Any] = []
@@ -95,8 +120,8 @@ def content_fingerprint(sources: Any) -> str:
         elif "stdlib" in s:
             root = sysconfig.get_paths()["stdlib"]
             parts.append([sys.version, _file_stamps(stdlib_files((s["stdlib"] or {}).get("max_files")), root)])
-        elif "hub" in s:  # the hub pins content by revision; without one, the name is all there is to key on
-            parts.append([s["hub"], s.get("revision")])
+        elif "hub" in s:
+            parts.append([s["hub"], s.get("revision"), hub_dataset_commit(str(s["hub"]), s.get("revision"))])
         else:
             parts.append(None)
     return hashlib.md5(json.dumps(parts, default=str).encode()).hexdigest()[:12]
