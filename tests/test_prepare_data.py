@@ -232,3 +232,15 @@ def test_a_hub_sources_key_follows_the_commit_its_cache_holds(tmp_path, monkeypa
         keys.append(content_fingerprint(source))
     assert keys[0] != keys[1] and hub_dataset_commit("org/corpus", "c" * 40) == "c" * 40
     hub_dataset_commit.cache_clear()
+
+
+@pytest.mark.parametrize("damage, message", [(b"\xff\xfe{}", "tokenizer.json is not UTF-8 text (byte 0xff"),
+                                             (b'{"model": ', "tokenizer.json is not valid JSON")])
+def test_a_damaged_tokenizer_file_is_named(tmp_path, damage, message):
+    from rpt.data.tokenizer import load_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path / "tok")
+    (tmp_path / "tok" / "tokenizer.json").write_bytes(damage)
+    with pytest.raises(DataError, match=re.escape(message)) as e:
+        load_tokenizer(str(tmp_path / "tok"))
+    assert str(tmp_path / "tok" / "tokenizer.json") in str(e.value)

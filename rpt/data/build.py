@@ -28,7 +28,7 @@ from rpt.data.sources import (
 )
 from rpt.data.streaming import PackedStream, StreamBatches
 from rpt.data.token_store import INDEX, TokenStore, read_index, write_token_store
-from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, tokenizer_fingerprint
+from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, load_tokenizer, tokenizer_fingerprint
 
 SPLITS = ("train", "validation")
 
@@ -90,13 +90,11 @@ def build_tokenizer(cfg):
     model's, or -- training from a token store without a named one -- the store's own."""
     sources, holdout = split_sources(cfg, "train")
     if is_token_store(sources) and not isinstance(cfg.tokenizer, str):
-        from transformers import AutoTokenizer
-
         store = _store_dir(sources, "train", holdout)
         if not os.path.isfile(os.path.join(store, "tokenizer", "tokenizer.json")):
             raise DataError(f"token store {store} has no tokenizer/tokenizer.json (the tokenizer that wrote it); set "
                             "config key 'tokenizer' to that tokenizer, or prepare the store again")
-        return AutoTokenizer.from_pretrained(os.path.join(store, "tokenizer"))
+        return load_tokenizer(os.path.join(store, "tokenizer"))
     return load_or_train_tokenizer(
         cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
         fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None), holdout=holdout,
