@@ -11,6 +11,7 @@ logged step (a few milliseconds at 10^5 lines), once at start-up.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Callable
@@ -106,6 +107,17 @@ def read_log(path: str, parse: Callable[[str], Any], what: str, keep_unterminate
             out.items.append(item)
             out.numbers.append(number)
     return out
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """One line of a JSON Lines log as its object (``ValueError`` saying why not, for :func:`read_log`)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON: {e.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def check_increasing(lines: LogLines, step_of: Callable[[Any], int], what: str) -> None:

@@ -6,18 +6,15 @@ import json
 import os
 from typing import Any
 
-from rpt.append_log import LogLines, check_increasing, read_log
+from rpt.append_log import LogLines, check_increasing, json_object, read_log
 
 METRICS_ROLE = "the run's metrics log (one JSON object per logged step)"
 
 
 def metrics_row(text: str) -> dict[str, Any]:
     """One line of ``metrics.jsonl``: a JSON object with an integer ``step`` >= 1."""
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e.msg}") from None
-    step = row.get("step") if isinstance(row, dict) else None
+    row = json_object(text)
+    step = row.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ValueError("not an object with an integer 'step' >= 1")
     return row

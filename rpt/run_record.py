@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from rpt.append_log import LogLines, read_log, read_text_file
+from rpt.append_log import LogLines, json_object, read_log, read_text_file
 from rpt.checkpointing import checkpoint_dirs, write_json_atomic
 from rpt.config import ConfigError, TrainConfig, yaml_error_text
 
@@ -114,11 +114,8 @@ SEGMENTS_ROLE = "the run's record of its invocations (segments.jsonl)"
 
 
 def _segment(text: str) -> dict[str, Any]:
-    try:
-        segment = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e.msg}") from None
-    ints = [segment.get(k) for k in ("from_step", "max_steps")] if isinstance(segment, dict) else [None]
+    segment = json_object(text)
+    ints = [segment.get(k) for k in ("from_step", "max_steps")]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
         raise ValueError("not a segment (a JSON object with integers 'from_step' and 'max_steps')")
     return segment
