@@ -259,3 +259,50 @@ def test_a_shard_that_shrinks_while_open_is_named_not_broadcast(written, tmp_pat
     shard.write_bytes(shard.read_bytes()[:1000])
     with pytest.raises(DataError, match="tokens-00000.bin ended at byte 1000"):
         store.read(0, 4000)
+
+
+def test_an_unreadable_shard_or_log_is_named_at_opening(tmp_path, tokenizer):
+    """Permissions: as an unprivileged user (root drops to nobody for the test, as the sandbox does),
+    a shard or a run log the user cannot read is one error naming it at start-up."""
+    import contextlib
+    import tempfile
+
+    from rpt.config import ConfigError
+    from rpt.run_files import check_run_files
+
+    @contextlib.contextmanager
+    def unprivileged():
+        if os.geteuid() != 0:
+            yield
+            return
+        os.setegid(65534)
+        os.seteuid(65534)
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+
+    root = tempfile.mkdtemp(dir="/tmp")  # /tmp: a path every user may traverse
+    try:
+        os.chmod(root, 0o755)
+        store = os.path.join(root, "store")
+        write_token_store(store, ["a b c " * 50], tokenizer, progress=False)
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                os.chmod(os.path.join(dirpath, name), 0o755 if name in dirs else 0o644)
+        os.chmod(os.path.join(store, "tokens-00000.bin"), 0)
+        run = os.path.join(root, "run")
+        os.makedirs(run, mode=0o755)
+        with open(os.path.join(run, "train.log"), "w") as f:
+            f.write("step 1/2 loss 1.0\n")
+        os.chmod(os.path.join(run, "train.log"), 0)
+        with unprivileged():
+            with pytest.raises(DataError, match="tokens-00000.bin cannot be opened \\(Permission denied\\)"):
+                TokenStore(store)
+            with pytest.raises(ConfigError, match="train.log cannot be read \\(Permission denied\\)"):
+                check_run_files(run)
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

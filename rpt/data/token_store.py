@@ -130,10 +130,11 @@ class TokenStore:
         for file, tokens in zip(self.files, sizes):
             try:
                 st = os.stat(file)
+                if not stat.S_ISREG(st.st_mode):
+                    raise DataError(f"{file} is not a regular file, but {index} lists it as a shard: {_FIX}")
+                os.close(os.open(file, os.O_RDONLY))  # readable now, not at the first batch that needs it
             except OSError as e:
                 raise DataError(f"{file} cannot be opened ({e.strerror}), but {index} lists it: {_FIX}") from None
-            if not stat.S_ISREG(st.st_mode):
-                raise DataError(f"{file} is not a regular file, but {index} lists it as a shard: {_FIX}")
             if st.st_size != tokens * self.dtype.itemsize:
                 raise DataError(f"{file} holds {st.st_size} bytes, but {index} says {tokens} {self.dtype.name} tokens "
                                 f"({tokens * self.dtype.itemsize} bytes): the store changed after it was written; {_FIX}")
