@@ -12,33 +12,47 @@ holds one plain line per logged step.
 """
 
 import argparse
+import os
 import sys
 
-from rpt.config import ConfigError, load_config, report_input_error
+from rpt.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineArgumentParser(prog=os.path.basename(__file__), description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="YAML config (see configs/)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_steps=100 lr=3e-4")
+    ap.add_argument("--device", help="the device of a one-process run: cpu, cuda, cuda:N, mps (default: accelerate's "
+                                     "choice; under accelerate launch each process takes its own)")
+    ap.add_argument("--break-lock", action="store_true",
+                    help="take output_dir's run.lock even if another trainer seems to hold it (one trainer per "
+                         "output_dir; a dead trainer's lock is taken over by itself once stale)")
     args = ap.parse_args(argv)
-    from rpt.preflight import check_train_inputs
+    if args.break_lock:
+        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.run_lock reads it (every rank gets the same argv)
+    if args.device:
+        os.environ["ACCELERATE_TORCH_DEVICE"] = args.device  # the device accelerate's state takes
+    from rpt.preflight import check_train_device, check_train_inputs
 
     try:
         cfg = load_config(args.config, args.overrides)
         check_train_inputs(cfg)
+        check_train_device("--device" if args.device else "ACCELERATE_TORCH_DEVICE")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rpt.data import DataError
+    from rpt.run_lock import release_run_lock
     from rpt.training import run
 
     try:
         run(cfg)
-    except (DataError, ValueError, FileNotFoundError) as e:
+    except (DataError, ValueError, OSError) as e:  # OSError: a file that cannot be read or written, named by it
         return report_input_error(e)
+    finally:
+        release_run_lock(cfg.output_dir)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

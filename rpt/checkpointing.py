@@ -120,12 +120,18 @@ def load_plain(path: str, what: str) -> Any:
     except pickle.UnpicklingError as e:
         # weights_only stops at the first class, function or opcode it does not allow: building one is
         # what could run code, so the file is refused whatever it is (hostile, foreign or damaged)
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|WeightsUnpickler error: \s*([^\n]+)", str(e))
-        detail = (f"it names {found.group(1)}" if found.group(1) else found.group(2).strip()) if found else _first_line(e)
-        raise CheckpointError(f"{path} is not plain tensor data ({detail[:120]}); refusing to unpickle it: {what} reads "
-                              "only files rpt wrote (resume from another checkpoint)") from None
+        raise CheckpointError(f"{path} is not plain tensor data ({unpickling_detail(e)}); refusing to unpickle it: "
+                              f"{what} reads only files rpt wrote (resume from another checkpoint)") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path} cannot be read ({_first_line(e)}); the file is damaged: {what} needs an intact copy") from None
+
+
+def unpickling_detail(e: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, in a few words (the global it names, or its reason)."""
+    found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)|WeightsUnpickler error: \s*([^\n]+)",
+                      str(e))
+    detail = (f"it names {found.group(1)}" if found.group(1) else found.group(2).strip()) if found else _first_line(e)
+    return detail[:120]
 
 
 def _first_line(e: Exception) -> str:

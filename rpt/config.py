@@ -7,6 +7,7 @@ keys it sets replace the base's. Command-line overrides use dotted keys for nest
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -26,7 +27,8 @@ def report_input_error(exc: Exception) -> int:
     ``RPT_TRACEBACK=1``); returns the exit code, 2."""
     if os.environ.get("RPT_TRACEBACK"):
         traceback.print_exc()
-    print(f"error: {exc} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
+    message = " ".join(str(exc).split())  # a library's multi-line message (transformers' are) as one line
+    print(f"error: {message} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
     return 2
 
 
@@ -116,17 +118,59 @@ CHOICES = {
 }
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: its own text spans lines (a copy of the line, a caret under it)."""
+    mark = getattr(e, "problem_mark", None)
+    what = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p) or str(e)
+    return f"line {mark.line + 1}: {' '.join(what.split())}" if mark else " ".join(what.split())
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping "
+                                                        "(which one was meant?)", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors (an unknown flag, a value of the wrong type) are one ``error: ...``
+    line and exit status 2, as every other bad input of the scripts."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _load_yaml(path: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path} is a directory; pass --config configs/<name>.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} does not exist; pass --config configs/<name>.yaml")
     if os.path.realpath(path) in chain:
         raise ConfigError(f"config file {path} is its own base (base: chain {' -> '.join(chain + (os.path.realpath(path),))}); "
                           "remove the cycle")
-    with open(path) as f:
-        try:
-            raw = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path} line {line} is not UTF-8 text (byte {data[e.start]:#04x}); save it "
+                          "as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML ({yaml_error_text(e)})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must be a mapping of keys to values")
     base = raw.pop("base", None)

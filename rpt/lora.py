@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from rpt.checkpointing import CheckpointError, clear_dir, commit_dir, temp_dir_for
 from rpt.faithful import module_key
@@ -34,10 +34,12 @@ from rpt.model import (
     RPT_CONFIG_NAME,
     RPT_FORMAT_VERSION,
     RPTForCausalLM,
+    load_causal_lm,
     offset_rows,
     register_checkpoint_loader,
     save_table,
 )
+from rpt.model_ref import ModelRefError, resolve_model_ref
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -189,7 +191,13 @@ def load_lora(path: str, rpt_config, window: int | None = None, **hf_kwargs):
 
     base_ref = rpt_config.lora["base"]
     base_path = os.path.join(path, base_ref) if base_ref == BASE_SUBDIR else base_ref
-    base = AutoModelForCausalLM.from_pretrained(base_path, **hf_kwargs)
+    try:  # a missing local base named as such, not as transformers' "Repo id must be in the form ..."
+        base_path = resolve_model_ref(base_path, f"the base model of the LoRA adapter {path} (its {RPT_CONFIG_NAME} "
+                                      "key 'lora.base')", "put the base model there (or the adapter beside its run's "
+                                      "final/base/), then load the adapter again")
+    except ModelRefError as e:
+        raise CheckpointError(str(e)) from None
+    base = load_causal_lm(base_path, **hf_kwargs)
     recorded = rpt_config.lora.get("base_fingerprint")
     if isinstance(recorded, dict):
         check_base_fingerprint(base.state_dict(), recorded, path, base_path)

@@ -6,20 +6,30 @@ import json
 import os
 from typing import Any
 
+from rpt.append_log import LogLines, check_increasing, json_object, read_log
+
+METRICS_ROLE = "the run's metrics log (one JSON object per logged step)"
+
+
+def metrics_row(text: str) -> dict[str, Any]:
+    """One line of ``metrics.jsonl``: a JSON object with an integer ``step`` >= 1."""
+    row = json_object(text)
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise ValueError("not an object with an integer 'step' >= 1")
+    return row
+
+
+def read_metrics_log(path: str) -> LogLines:
+    """``metrics.jsonl`` checked (:mod:`rpt.append_log`): a torn last row dropped, a damaged or
+    out-of-order row an error naming the line."""
+    rows = read_log(path, metrics_row, METRICS_ROLE, keep_unterminated=True)
+    check_increasing(rows, lambda r: r["step"], METRICS_ROLE)
+    return rows
+
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut short by a kill: everything after it is lost anyway
-    return rows
+    return read_metrics_log(path).items
 
 
 class MetricsLog:
@@ -30,7 +40,7 @@ class MetricsLog:
         self.path = path
 
     def truncate_after(self, step: int) -> None:
-        rows = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+        rows = [r for r in read_metrics(self.path) if r["step"] <= step]
         tmp = f"{self.path}.tmp"
         with open(tmp, "w") as f:
             for r in rows:

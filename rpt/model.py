@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from rpt.checkpointing import CheckpointError, unpickling_detail
 from rpt.custom_generate import write_custom_generate
 from rpt.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
 from rpt.loss import linear_cross_entropy, plan_blocks
@@ -54,6 +56,21 @@ from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format'
 )
 
 RPT_FORMAT_VERSION = FORMAT_FOLDED
+
+
+def load_causal_lm(path_or_id: str, **hf_kwargs) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained``; a ``.bin`` weights file that its weights-only
+    unpickling refuses (a pickle naming a class or function: it could run code) is one
+    :class:`CheckpointError` naming the file, not transformers' 10-line ``UnpicklingError``."""
+    try:
+        return AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
+    except pickle.UnpicklingError as e:
+        local = os.path.expanduser(str(path_or_id))
+        bins = sorted(n for n in os.listdir(local) if n.endswith(".bin")) if os.path.isdir(local) else []
+        where = os.path.join(local, bins[0]) if len(bins) == 1 else f"{path_or_id} (its .bin weights)"
+        raise CheckpointError(f"{where} is not plain tensor data ({unpickling_detail(e)}); transformers reads .bin "
+                              "weights weights-only, so it is refused unread: use a copy of the model you trust "
+                              "(safetensors weights, ideally)") from None
 
 # Checkpoint kinds whose loader sits above this module (it builds an RPTForCausalLM, so it imports
 # this one), by the rpt_config.json section that marks the kind -> the module that registers the
@@ -190,7 +207,7 @@ class RPTForCausalLM(nn.Module):
             model = checkpoint_loader("lora")(path_or_id, rpt_config, window, **hf_kwargs)
             model.merged_from_lora = True
             return model
-        base = AutoModelForCausalLM.from_pretrained(path_or_id, **hf_kwargs)
+        base = load_causal_lm(path_or_id, **hf_kwargs)
         if rpt_config is None:
             if window is None:
                 raise ValueError(

@@ -86,9 +86,44 @@ def check_train_inputs(cfg: TrainConfig) -> None:
 
 
 def check_model_refs(cfg: TrainConfig) -> None:
-    """``model`` / ``init_from`` / ``tokenizer`` name a directory or a loadable hub id."""
+    """``model`` / ``init_from`` / ``tokenizer`` name a directory or a loadable hub id; a local model
+    directory holds a model (``config.json``) and, where the run takes its tokenizer from it, a tokenizer."""
     for key, ref, hint in model_refs(cfg):
         try:
-            resolve_model_ref(ref, f"config key {key!r} =", hint)
+            resolved = resolve_model_ref(ref, f"config key {key!r} =", hint)
         except ModelRefError as e:
             raise ConfigError(str(e)) from None
+        if key in ("init_from", "model") and os.path.isdir(resolved):
+            # the run's tokenizer comes from this directory unless named, or taken from a token store
+            _check_model_dir(key, ref, resolved, needs_tokenizer=cfg.tokenizer is None
+                             and not (isinstance(cfg.data, dict) and "tokens" in cfg.data))
+
+
+def _check_model_dir(key: str, ref: str, path: str, needs_tokenizer: bool) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        training_state = os.path.isfile(os.path.join(path, "trainer_state.json"))
+        raise ConfigError(f"config key {key!r} = {ref!r} is not a model directory (no config.json)"
+                          + ("; it is a training checkpoint (its state, not a model): give the run's final/ directory, "
+                             "or continue that run with resume=<checkpoint>" if training_state else
+                             "; give a directory save_pretrained wrote (a run's final/)"))
+    if needs_tokenizer and not any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(f"config key {key!r} = {ref!r} holds no tokenizer (tokenizer.json), and config key 'tokenizer' "
+                          "is null, so the run would take it from there; set tokenizer to one (an id or a directory)")
+
+
+def check_train_device(flag: str = "--device") -> None:
+    """The device a run was told to use (``train.py --device``, or accelerate's ``ACCELERATE_TORCH_DEVICE``)
+    exists here; a one-process setting, since a launched process takes its own device."""
+    name = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if not name:
+        return
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise ConfigError(f"{flag} {name!r} names the device of a one-process run, but this is process "
+                          f"{os.environ.get('RANK', '?')} of {os.environ['WORLD_SIZE']}: each launched process takes its "
+                          "own device; leave it out (CUDA_VISIBLE_DEVICES picks the GPUs)")
+    from rpt.sampling.loading import check_device  # late: torch, only where a device is named
+
+    try:
+        check_device(name, flag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

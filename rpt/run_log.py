@@ -13,7 +13,10 @@ import os
 import sys
 from typing import Any
 
+from rpt.append_log import LogLines, check_increasing, read_log
 from rpt.config import TrainConfig
+from rpt.metrics import read_metrics
+from rpt.run_record import read_segments
 
 
 def fit_warmup(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
@@ -131,16 +134,27 @@ class RunLog:
         self.summary_path = os.path.join(output_dir, "run_summary.txt")
         self.enabled = enabled
         self.echo = enabled and not sys.stderr.isatty()  # the bar (on stderr) shows only on a terminal
-        if enabled and os.path.exists(self.path):
+        if enabled and (os.path.exists(self.path) or resume_step):
             self._keep_through(resume_step)
 
     def _keep_through(self, step: int) -> None:
-        """Drop the lines of steps after ``step`` (a killed run logged past its checkpoint)."""
-        with open(self.path, encoding="utf-8") as f:
-            kept = [line for line in f if line_step(line) is not None and line_step(line) <= step]
+        """Drop the lines of steps after ``step`` (a killed run logged past its checkpoint), and make
+        the rest agree with ``metrics.jsonl`` (already cut back to ``step``), one line per row: a line
+        lost to a kill between the two writes is written again from its row, a line without a row goes."""
+        log = read_train_log(self.path)  # a torn last line is dropped here (rpt.run_files said so at start-up)
+        kept = {s: text for s, text in log.items if s <= step}
+        metrics = os.path.join(os.path.dirname(self.path), "metrics.jsonl")
+        if os.path.exists(metrics):  # without it there is nothing to agree with: the lines are kept
+            rows = [r for r in read_metrics(metrics) if r["step"] <= step]
+            if list(kept) != [r["step"] for r in rows]:
+                lost = sorted({r["step"] for r in rows} ^ set(kept))
+                print(f"note: {self.path} disagreed with {metrics} about step(s) {_steps(lost)}; rewritten to one line "
+                      "per row of the metrics", flush=True)
+                planned = _planned_max_steps(os.path.dirname(self.path))
+                kept = {r["step"]: kept.get(r["step"]) or step_line(r, planned(r["step"])) for r in rows}
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(kept)
+            f.writelines(text + "\n" for text in kept.values())
         os.replace(tmp, self.path)
 
     def write(self, line: str) -> None:
@@ -168,3 +182,37 @@ def line_step(line: str) -> int | None:
     if len(parts) < 2 or parts[0] != "step" or not parts[1].split("/")[0].isdigit():
         return None
     return int(parts[1].split("/")[0])
+
+
+TRAIN_LOG_ROLE = "the run's train.log (one 'step N/M ...' line per row of metrics.jsonl)"
+
+
+def _log_line(text: str) -> tuple[int, str]:
+    step = line_step(text)
+    if step is None:
+        raise ValueError("not a 'step N/M ...' line")
+    return step, text.rstrip("\r")
+
+
+def read_train_log(path: str) -> LogLines:
+    """``train.log`` as ``(step, line)`` items, checked (:mod:`rpt.append_log`): a torn last line
+    dropped, any other line that is not a step line, or a step out of order, an error naming it."""
+    log = read_log(path, _log_line, TRAIN_LOG_ROLE)
+    check_increasing(log, lambda item: item[0], TRAIN_LOG_ROLE)
+    return log
+
+
+def _planned_max_steps(output_dir: str):
+    """step -> the ``max_steps`` of the invocation that trained it (``segments.jsonl``), for a line
+    written again; the denominator of ``step N/M`` is what that invocation printed."""
+    segments = sorted((s["from_step"], s["max_steps"]) for s in read_segments(output_dir))
+
+    def planned(step: int) -> int | str:
+        earlier = [m for start, m in segments if start < step]
+        return earlier[-1] if earlier else "?"
+
+    return planned
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")

@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
+from rpt.append_log import LogLines, json_object, read_log, read_text_file
 from rpt.checkpointing import checkpoint_dirs, write_json_atomic
-from rpt.config import ConfigError, TrainConfig
+from rpt.config import ConfigError, TrainConfig, yaml_error_text
 
 # Keys a resume may change: how long to train (upwards) and how often to log, evaluate and save.
 # Plus how a step is executed, not what it computes: an OOM on resume is met by turning gradient
@@ -107,11 +108,12 @@ def read_config_record(output_dir: str) -> dict[str, Any] | None:
     path = os.path.join(output_dir, CONFIG_RECORD)
     if not os.path.exists(path):
         return None
+    text = read_text_file(path, "the run's record of how it started")
     try:
-        with open(path, encoding="utf-8") as f:
-            recorded = yaml.safe_load(f)
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path} is not valid YAML ({e}); it is the run's record: restore it or start a new output_dir") from None
+        recorded = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML ({yaml_error_text(e)}); it is the run's record: restore it or start "
+                          "a new output_dir") from None
     if not isinstance(recorded, dict):
         raise ConfigError(f"{path} is not a mapping of config keys; it is the run's record: restore it or start a new output_dir")
     return recorded
@@ -145,20 +147,24 @@ def write_config_record(cfg: TrainConfig) -> None:
     os.replace(tmp, path)
 
 
+SEGMENTS_ROLE = "the run's record of its invocations (segments.jsonl)"
+
+
+def _segment(text: str) -> dict[str, Any]:
+    segment = json_object(text)
+    ints = [segment.get(k) for k in ("from_step", "max_steps")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
+        raise ValueError("not a segment (a JSON object with integers 'from_step' and 'max_steps')")
+    return segment
+
+
+def read_segments_log(output_dir: str) -> LogLines:
+    """``segments.jsonl`` checked (:mod:`rpt.append_log`): a torn last line dropped, a damaged one named."""
+    return read_log(os.path.join(output_dir, SEGMENTS), _segment, SEGMENTS_ROLE, keep_unterminated=True)
+
+
 def read_segments(output_dir: str) -> list[dict[str, Any]]:
-    path = os.path.join(output_dir, SEGMENTS)
-    if not os.path.exists(path):
-        return []
-    segments = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    segments.append(json.loads(line))
-                except json.JSONDecodeError:
-                    raise ConfigError(f"{path} has a damaged line ({line.strip()[:80]!r}); it is the run's record of "
-                                      "its resumes: restore it or start a new output_dir") from None
-    return segments
+    return read_segments_log(output_dir).items
 
 
 def append_segment(cfg: TrainConfig, start_step: int, changed: dict[str, tuple[Any, Any]],

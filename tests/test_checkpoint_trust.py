@@ -226,3 +226,25 @@ def test_two_processes_refuse_a_changed_checkpoint_together(tmp_path):
     res = run_cmd(accelerate_cmd(launch, 29582, cfg, "max_steps=4"), timeout=300)
     assert res.returncode != 0 and not marker.exists()
     assert res.stderr.count("optimizer.bin changed after the checkpoint was written") == 2, res.stderr[-3000:]
+
+
+def test_a_hostile_pytorch_model_bin_is_one_line_naming_it_and_runs_nothing(tmp_path, capsys):
+    """transformers reads .bin weights weights-only and refuses this one; the refusal is one line naming
+    the file (not a 10-line UnpicklingError) at every entry point that loads a model directory."""
+    from rpt.model import RPTForCausalLM
+    from tests.scripts import load_script
+    from tests.tiny_models import save_tiny_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    save_tiny_checkpoint(ckpt, window=3)
+    for name in os.listdir(ckpt):
+        if name.endswith(".safetensors"):
+            os.remove(ckpt / name)
+    marker = tmp_path / "marker"
+    plant(ckpt / "pytorch_model.bin", marker)
+    with pytest.raises(CheckpointError, match=r"pytorch_model.bin is not plain tensor data"):
+        RPTForCausalLM.from_pretrained(ckpt)
+    capsys.readouterr()
+    assert load_script("sample.py").main(["--checkpoint", str(ckpt), "--prompt", "x", "--max-new-tokens", "1"]) == 2
+    assert str(ckpt / "pytorch_model.bin") in one_error_line(capsys.readouterr().err)
+    assert not marker.exists()

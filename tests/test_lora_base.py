@@ -69,3 +69,13 @@ def test_a_damaged_fingerprint_record_is_named(tmp_path):
     (lora / RPT_CONFIG_NAME).write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="'lora.base_fingerprint'"):
         RPTForCausalLM.from_pretrained(lora)
+
+
+def test_a_missing_base_is_named_as_the_missing_directory(tmp_path, capsys):
+    base_dir, lora = adapter_on_saved_base(tmp_path)
+    base_dir.rename(tmp_path / "moved")
+    with pytest.raises(CheckpointError, match=f"'lora.base'\\) '{base_dir}' does not exist"):
+        RPTForCausalLM.from_pretrained(lora)
+    assert load_script("merge_lora.py").main([str(lora), str(tmp_path / "merged")]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(base_dir) in line and "does not exist" in line and "Repo id" not in line

@@ -88,3 +88,14 @@ def test_resume_does_not_replay_the_stream(corpus, tokenizer, monkeypatch):
     print("resume costs (documents parsed, seconds, documents consumed before):", costs)
     assert many <= per_shard + 10 and few <= per_shard + 10, costs
     assert t_many < 3 * t_few + 0.5, costs
+
+
+def test_a_bad_line_read_in_a_worker_is_one_line_naming_it(tmp_path, tokenizer):
+    """A DataError raised in a DataLoader worker comes back with the worker's traceback as its text
+    (torch re-raises it so); the trainer reports the original one line, file and line named."""
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"text": "def f(x):\n    return x\n" * 5}) + "\n" + '{"text": {"oops": 1}}\n')
+    batches = build_packed(config(str(path), data_workers=1), "train", tokenizer)
+    with pytest.raises(sources.DataError) as e:
+        take(batches, 3)
+    assert str(e.value).startswith(f"{path} line 2: the text field 'text' is an object") and "\n" not in str(e.value)

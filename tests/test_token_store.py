@@ -3,6 +3,7 @@ tokenizer's own output, exhaustive enumeration, a chi-square test."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -154,3 +155,154 @@ def test_held_out_split_is_disjoint_and_by_text(tmp_path):
     assert sorted(train + val) == sorted(texts)
     assert not set(train) & set(val)  # exact copies land on the same side
     assert 40 <= len(val) <= 120
+
+
+# ---- a store read back: every file checked before it is used ------------------------------------------
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, tokenizer, docs):
+    path = tmp_path_factory.mktemp("written") / "store"
+    write_token_store(str(path), iter(docs), tokenizer, shard_tokens=5000, progress=False)
+    return path
+
+
+def tampered(written, tmp_path, edit) -> str:
+    """A copy of the store with ``edit(index, store_dir)`` applied to its index.json (and files)."""
+    import shutil
+
+    store = tmp_path / "store"
+    shutil.copytree(written, store)
+    index = json.loads((store / "index.json").read_text())
+    edit(index, store)
+    (store / "index.json").write_text(json.dumps(index))
+    return str(store)
+
+
+def _outside(index, store):
+    secret = store.parent / "secret.bin"
+    secret.write_bytes(b"\x01\x00" * index["shards"][0]["tokens"])  # exactly the size the index promises
+    index["shards"][0]["file"] = str(secret)
+
+
+def _symlink_out(index, store):
+    _outside(index, store)
+    os.remove(store / "tokens-00000.bin")
+    os.symlink(index["shards"][0]["file"], store / "tokens-00000.bin")
+    index["shards"][0]["file"] = "tokens-00000.bin"
+
+
+def _truncate(index, store):
+    path = store / "tokens-00001.bin"
+    path.write_bytes(path.read_bytes()[:-6])
+
+
+HOSTILE_STORES = [
+    ("an absolute path", _outside, "not a file inside the store"),
+    ("a path up and out", lambda i, s: i["shards"][0].update(file="../written/store/tokens-00000.bin"), "not a file inside"),
+    ("a link out of the store", _symlink_out, "not a file inside the store"),
+    ("no shards key", lambda i, s: i.pop("shards"), "has no 'shards' list"),
+    ("shards not a list", lambda i, s: i.update(shards="tokens-00000.bin"), "has no 'shards' list"),
+    ("a negative count", lambda i, s: i["shards"][0].update(tokens=-5), "is not {\"file\""),
+    ("a count that is a string", lambda i, s: i["shards"][0].update(tokens="5000"), "is not {\"file\""),
+    ("another dtype", lambda i, s: i.update(dtype="float64"), "'dtype' = 'float64'"),
+    ("a wrong total", lambda i, s: i.update(num_tokens=10**15), "'num_tokens'"),
+    ("a shard cut short", _truncate, "holds 9994 bytes, but"),
+    ("a shard that is a directory", lambda i, s: (os.remove(s / "tokens-00001.bin"), os.mkdir(s / "tokens-00001.bin")),
+     "not a regular file"),
+    ("a missing shard", lambda i, s: os.remove(s / "tokens-00001.bin"), "cannot be opened"),
+]
+
+
+@pytest.mark.parametrize("case, edit, message", HOSTILE_STORES, ids=[c[0] for c in HOSTILE_STORES])
+def test_a_hostile_or_edited_store_is_refused_before_any_token_is_read(written, tmp_path, case, edit, message):
+    store = tampered(written, tmp_path, edit)
+    with pytest.raises(DataError, match=re.escape(message)) as e:
+        TokenStore(store)
+    assert store in str(e.value) and "prepare it again" in str(e.value)
+
+
+@pytest.mark.parametrize("content, message", [(b"{", "is not valid JSON"), (b"\xff\xfe{}", "is not UTF-8"),
+                                              (b"[1, 2]", "holds a JSON list"), (b"", "is not valid JSON")])
+def test_an_index_that_is_not_a_json_object_is_one_error_naming_it(written, tmp_path, content, message):
+    store = tampered(written, tmp_path, lambda i, s: None)
+    (tmp_path / "store" / "index.json").write_bytes(content)
+    with pytest.raises(DataError, match=message) as e:
+        TokenStore(store)
+    assert os.path.join(store, "index.json") in str(e.value)
+
+
+def test_verify_reads_the_whole_store_against_the_hashes_written_with_it(written, tmp_path, tokenizer):
+    good = TokenStore(str(written))
+    assert good.verify()["shards"] == len(good.files) > 1
+    store = tampered(written, tmp_path, lambda i, s: None)
+    shard = tmp_path / "store" / "tokens-00001.bin"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1  # same size: opening cannot tell, verifying can
+    shard.write_bytes(bytes(data))
+    opened = TokenStore(store)
+    with pytest.raises(DataError, match="tokens-00001.bin changed after the store was written"):
+        opened.verify()
+    # a consistent forgery (hash rewritten) with a token outside the vocabulary
+    import hashlib
+
+    data[100:102] = np.array([60000], dtype=np.uint16).tobytes()
+    shard.write_bytes(bytes(data))
+    index = json.loads((tmp_path / "store" / "index.json").read_text())
+    index["shards"][1]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (tmp_path / "store" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DataError, match=f"token id 60000, outside the vocabulary of {len(tokenizer)}"):
+        TokenStore(store).verify()
+
+
+def test_a_shard_that_shrinks_while_open_is_named_not_broadcast(written, tmp_path):
+    store = TokenStore(tampered(written, tmp_path, lambda i, s: None))
+    shard = tmp_path / "store" / "tokens-00000.bin"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(DataError, match="tokens-00000.bin ended at byte 1000"):
+        store.read(0, 4000)
+
+
+def test_an_unreadable_shard_or_log_is_named_at_opening(tmp_path, tokenizer):
+    """Permissions: as an unprivileged user (root drops to nobody for the test, as the sandbox does),
+    a shard or a run log the user cannot read is one error naming it at start-up."""
+    import contextlib
+    import tempfile
+
+    from rpt.config import ConfigError
+    from rpt.run_files import check_run_files
+
+    @contextlib.contextmanager
+    def unprivileged():
+        if os.geteuid() != 0:
+            yield
+            return
+        os.setegid(65534)
+        os.seteuid(65534)
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+
+    root = tempfile.mkdtemp(dir="/tmp")  # /tmp: a path every user may traverse
+    try:
+        os.chmod(root, 0o755)
+        store = os.path.join(root, "store")
+        write_token_store(store, ["a b c " * 50], tokenizer, progress=False)
+        for dirpath, dirs, files in os.walk(root):
+            for name in dirs + files:
+                os.chmod(os.path.join(dirpath, name), 0o755 if name in dirs else 0o644)
+        os.chmod(os.path.join(store, "tokens-00000.bin"), 0)
+        run = os.path.join(root, "run")
+        os.makedirs(run, mode=0o755)
+        with open(os.path.join(run, "train.log"), "w") as f:
+            f.write("step 1/2 loss 1.0\n")
+        os.chmod(os.path.join(run, "train.log"), 0)
+        with unprivileged():
+            with pytest.raises(DataError, match="tokens-00000.bin cannot be opened \\(Permission denied\\)"):
+                TokenStore(store)
+            with pytest.raises(ConfigError, match="train.log cannot be read \\(Permission denied\\)"):
+                check_run_files(run)
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)

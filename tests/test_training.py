@@ -12,6 +12,7 @@ import yaml
 from rpt.config import ConfigError, load_config
 from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
+from tests.inprocess_train import one_error_line
 from tests.train_helpers import MICRO, ROOT, env, run_train, train_cmd, write_config
 
 
@@ -314,6 +315,43 @@ def test_inputs_checked_before_any_work_each_one_line(tmp_path, capsys, monkeypa
         msg = _train_main(capsys, "--config", cfg, *overrides)
         assert all(e in msg for e in expect), (overrides, msg)
     assert sorted(os.listdir(tmp_path)) == ["a_file", "config.yaml"]  # no run directory, cache or tokenizer
+
+
+def test_devices_flags_and_config_files_that_cannot_work_are_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """Devices this machine lacks, model directories that hold no model or tokenizer, config files that are
+    not UTF-8, repeat a key or are directories, unknown flags: one error line, exit 2, nothing written."""
+    for name in ("ACCELERATE_TORCH_DEVICE", "RPT_BREAK_RUN_LOCK"):  # train.py sets them for the run: restored after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    cfg = write_config(inputs, output_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"))
+    checkpoint = inputs / "checkpoint-4"  # a training checkpoint: state, not a model
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text("{}")
+    no_tokenizer = inputs / "model"
+    no_tokenizer.mkdir()
+    (no_tokenizer / "config.json").write_text("{}")
+    (inputs / "latin1.yaml").write_bytes("seq_len: 32\n# caf\xe9\n".encode("latin-1"))
+    (inputs / "twice.yaml").write_text(open(cfg).read() + "lr: 0.1\nlr: 0.2\n")
+    cases = [
+        (["--device", "meta"], ["--device 'meta'"]), (["--device", "tpu9"], ["'tpu9' is not a device"]),
+        ([f"init_from={checkpoint}"], ["'init_from'", "training checkpoint", "final/"]),
+        ([f"init_from={no_tokenizer}", "tokenizer=null"], ["'init_from'", "holds no tokenizer"]),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], ["no cuda device"]))
+    for argv, expect in cases:
+        msg = _train_main(capsys, "--config", cfg, *argv)
+        assert all(e in msg for e in expect), (argv, msg)
+        os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
+    for config, expect in ((inputs / "latin1.yaml", "line 2 is not UTF-8"), (inputs / "twice.yaml", "'lr' appears twice"),
+                           (inputs, "is a directory")):
+        assert expect in _train_main(capsys, "--config", config)
+    with pytest.raises(SystemExit) as exit_:
+        _train_main(capsys, "--config", cfg, "--devcie", "cpu")
+    assert exit_.value.code == 2 and one_error_line(capsys.readouterr().err).endswith("--devcie (see train.py --help)")
+    assert sorted(os.listdir(tmp_path)) == ["inputs"]  # no run directory, cache or tokenizer
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")

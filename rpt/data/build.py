@@ -18,10 +18,18 @@ from typing import Any
 
 from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
-from rpt.data.sources import as_list, check_sources, describe, documents, is_streaming, is_token_store
+from rpt.data.sources import (
+    as_list,
+    check_sources,
+    content_fingerprint,
+    describe,
+    documents,
+    is_streaming,
+    is_token_store,
+)
 from rpt.data.streaming import PackedStream, StreamBatches
-from rpt.data.token_store import INDEX, TokenStore, write_token_store
-from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, tokenizer_fingerprint
+from rpt.data.token_store import INDEX, TokenStore, read_index, write_token_store
+from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, load_tokenizer, tokenizer_fingerprint
 
 SPLITS = ("train", "validation")
 
@@ -44,16 +52,24 @@ def _key(*parts: Any) -> str:
     return hashlib.md5(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def default_store_path(cfg, split: str, tokenizer, max_tokens: int | None = None) -> str:
-    """Where training looks for (and writes) the store of a text split: keyed by what shapes it."""
+def store_identity(cfg, split: str, tokenizer, max_tokens: int | None = None) -> dict[str, str]:
+    """What the store of a text split is built from: ``recipe`` (the sources as configured, the
+    held-out split, the tokenizer, the cut) and ``content`` (:func:`content_fingerprint` of the
+    files); recorded in the store's index, so a store is only ever reused for the same two."""
     sources, holdout = split_sources(cfg, split)
     mixture_seed = cfg.seed if len(as_list(sources)) > 1 else None  # interleaving draws from the seed
-    parts = ["store-v1", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
+    parts = ["store-v2", describe(sources), holdout, cfg.val_fraction if holdout else None, mixture_seed,
              tokenizer_fingerprint(tokenizer), max_tokens]
     if bos_id(tokenizer) is not None:  # stores of BOS-prepending tokenizers now hold BOS: not the old ones
         parts.append(("bos", bos_id(tokenizer)))
-    key = _key(*parts)
-    return os.path.join(cfg.cache_dir, f"tokens-{split}-{key}")
+    return {"recipe": _key(*parts), "content": content_fingerprint(sources)}
+
+
+def default_store_path(cfg, split: str, tokenizer, max_tokens: int | None = None) -> str:
+    """Where training looks for (and writes) the store of a text split: keyed by what shapes it and
+    by the content of its files (a corpus rewritten in place is prepared again)."""
+    identity = store_identity(cfg, split, tokenizer, max_tokens)
+    return os.path.join(cfg.cache_dir, f"tokens-{split}-{identity['recipe']}-{identity['content']}")
 
 
 def _store_dir(sources: Any, split: str, holdout: str | None) -> str:
@@ -75,9 +91,11 @@ def build_tokenizer(cfg):
     model's, or -- training from a token store without a named one -- the store's own."""
     sources, holdout = split_sources(cfg, "train")
     if is_token_store(sources) and not isinstance(cfg.tokenizer, str):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(os.path.join(_store_dir(sources, "train", holdout), "tokenizer"))
+        store = _store_dir(sources, "train", holdout)
+        if not os.path.isfile(os.path.join(store, "tokenizer", "tokenizer.json")):
+            raise DataError(f"token store {store} has no tokenizer/tokenizer.json (the tokenizer that wrote it); set "
+                            "config key 'tokenizer' to that tokenizer, or prepare the store again")
+        return load_tokenizer(os.path.join(store, "tokenizer"))
     return load_or_train_tokenizer(
         cfg.tokenizer, cfg.data, cfg.val_fraction, cfg.seed, cfg.cache_dir,
         fallback=cfg.init_from or (cfg.model if isinstance(cfg.model, str) else None), holdout=holdout,
@@ -94,12 +112,19 @@ def prepare_store(cfg, split: str, tokenizer, path: str | None = None, *, num_pr
     check_sources(sources, "data" if sources is cfg.data else "val_data")
     if is_token_store(sources):
         return _store_dir(sources, split, holdout)
+    identity = store_identity(cfg, split, tokenizer, max_tokens)
+    named = path is not None  # prepare_data.py --out: a directory the user chose, perhaps used before
     path = path or default_store_path(cfg, split, tokenizer, max_tokens)
-    if os.path.isfile(os.path.join(path, INDEX)):
+    if os.path.lexists(path) and not (os.path.isdir(path) and not os.listdir(path)):
+        _check_reusable(path, identity, named)
+        if progress:
+            log(f"{split}: {path} already holds this data's token store; kept")
         return path
+    if not named:
+        _note_changed_corpus(path, split, log)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     meta = {"source": describe(sources), "split": split, "holdout": holdout,
-            "val_fraction": cfg.val_fraction if holdout else None, "max_tokens": max_tokens}
+            "val_fraction": cfg.val_fraction if holdout else None, "max_tokens": max_tokens, "identity": identity}
     index = write_token_store(
         path, documents(sources, holdout, cfg.val_fraction, cfg.seed), tokenizer,
         num_proc=num_proc or cfg.tokenize_workers, max_tokens=max_tokens, meta=meta, progress=progress, desc=f"tokenizing {split}",
@@ -107,6 +132,35 @@ def prepare_store(cfg, split: str, tokenizer, path: str | None = None, *, num_pr
     log(f"prepared {split}: {index['num_tokens']:,} tokens in {index['num_documents']:,} documents, "
         f"{index['tokens_per_s']:,.0f} tokens/s with {index['num_proc']} process(es) -> {path}")
     return path
+
+
+def _check_reusable(path: str, identity: dict[str, str], named: bool) -> None:
+    """An existing store at ``path`` is reused only if it was built from the same recipe and content."""
+    if not os.path.isfile(os.path.join(path, INDEX)):
+        raise DataError(f"{path} exists and is not a token store (no {INDEX}); choose another --out or remove it")
+    index = read_index(path)
+    recorded = index.get("identity")
+    if recorded == identity:
+        return
+    source = index.get("source", "?")
+    what = ("was written before stores recorded what they were built from" if recorded is None else
+            "was built from other data or settings" + (" (the same sources, whose files have changed since)"
+                                                       if recorded.get("recipe") == identity["recipe"] else "")
+            if isinstance(recorded, dict) else "records something else as its origin")
+    fix = "choose another --out, or delete it to prepare it there again" if named else "delete it to prepare it again"
+    raise DataError(f"the token store {path} {what} (its source: {str(source)[:120]}); it is not reused for this "
+                    f"data: {fix}")
+
+
+def _note_changed_corpus(path: str, split: str, log) -> None:
+    """Say so when the cache holds this split's store for the same recipe over other file content."""
+    recipe_prefix = os.path.basename(path).rsplit("-", 1)[0] + "-"
+    directory = os.path.dirname(path)
+    old = sorted(n for n in (os.listdir(directory) if os.path.isdir(directory) else [])
+                 if n.startswith(recipe_prefix) and os.path.isfile(os.path.join(directory, n, INDEX)))
+    if old:
+        log(f"note: the {split} data's files changed (size or modification time) since its token store "
+            f"{os.path.join(directory, old[-1])} was prepared; preparing it again (the old store can be deleted)")
 
 
 def open_store(cfg, split: str, tokenizer) -> TokenStore:

@@ -26,6 +26,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 import sysconfig
 from typing import Any
 
@@ -70,6 +71,60 @@ def is_streaming(sources: Any) -> bool:
 
 def describe(sources: Any) -> str:
     return json.dumps(sources, sort_keys=True, default=str)
+
+
+def _file_stamps(files: list[str], root: str | None = None) -> list[tuple[str, int, int]]:
+    stamps = []
+    for path in files:
+        st = os.stat(path)
+        stamps.append((os.path.relpath(path, root) if root else os.path.abspath(path), st.st_size, st.st_mtime_ns))
+    return stamps
+
+
+@functools.lru_cache(maxsize=64)
+def hub_dataset_commit(name: str, revision: str | None) -> str | None:
+    """The commit a hub dataset source reads: asked of the hub once per process when online, else the
+    commit the local hub cache holds for ``revision`` (default ``main``); None when neither says."""
+    if revision and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision  # pinned to a commit
+    from huggingface_hub import constants
+
+    from rpt.model_ref import hub_offline  # late: huggingface_hub, only for hub sources
+
+    if not hub_offline():
+        try:
+            from huggingface_hub import HfApi
+
+            return HfApi().dataset_info(name, revision=revision, timeout=10).sha
+        except Exception:  # unreachable, or not a hub repo (a local datasets script): the cache's word below
+            pass
+    ref = os.path.join(constants.HF_HUB_CACHE, f"datasets--{name.replace('/', '--')}", "refs", revision or "main")
+    try:
+        with open(ref, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def content_fingerprint(sources: Any) -> str:
+    """What the texts of ``sources`` are read from, as a short hash: each local file's path, size and
+    modification time (the stdlib's files with the interpreter's version), a hub source's commit.
+    One ``stat`` per file: a corpus rewritten in place gets another fingerprint, so whatever was
+    built from it (a cached token store, a trained tokenizer) is built again instead of reused."""
+    parts: list[Any] = []
+    for s in as_list(sources):
+        if not isinstance(s, dict):
+            parts.append(None)
+        elif "path" in s:
+            parts.append(_file_stamps(sorted(glob.glob(os.path.expanduser(str(s["path"]))))))
+        elif "stdlib" in s:
+            root = sysconfig.get_paths()["stdlib"]
+            parts.append([sys.version, _file_stamps(stdlib_files((s["stdlib"] or {}).get("max_files")), root)])
+        elif "hub" in s:
+            parts.append([s["hub"], s.get("revision"), hub_dataset_commit(str(s["hub"]), s.get("revision"))])
+        else:
+            parts.append(None)
+    return hashlib.md5(json.dumps(parts, default=str).encode()).hexdigest()[:12]
 
 
 # ---- held-out documents --------------------------------------------------------------------------
@@ -120,9 +175,21 @@ def stdlib_texts(split: str | None, val_fraction: float, max_files: int | None =
     return [t for t in texts if t.strip()]
 
 
-def _gen_text_files(files: list[str]):
+def _read_user_text_file(path: str) -> str:
+    """A text source's file: UTF-8, or one error naming it (no silent replacement characters)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise DataError(f"{path} line {line} is not UTF-8 text (byte {data[e.start]:#04x}); text sources are read as "
+                        "UTF-8: convert the file (e.g. iconv -f latin1 -t utf-8) or leave it out") from None
+
+
+def _gen_text_files(files: list[str], strict: bool = False):
     for path in files:
-        text = _read_text_file(path)
+        text = _read_user_text_file(path) if strict else _read_text_file(path)
         if text.strip():
             yield {"text": text}
 
@@ -150,6 +217,49 @@ def jsonl_shards(files: list[str], shard_bytes: int | None = None) -> list[tuple
     return shards
 
 
+def _line_number(path: str, offset: int) -> int:
+    """The 1-based number of the line starting at byte ``offset`` (an error path: one read up to it)."""
+    count = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            block = f.read(min(offset, 1 << 20))
+            if not block:
+                break
+            count, offset = count + block.count(b"\n"), offset - len(block)
+    return count + 1
+
+
+def _jsonl_text(path: str, at: int, line: bytes, field: str) -> str | None:
+    """The text of one JSONL line (None: the field is null); a :class:`DataError` naming the file and
+    line for bytes that are not UTF-8, a line that is not JSON, or a text that is not a string."""
+    try:
+        record = json.loads(line)
+    except UnicodeDecodeError:
+        raise DataError(f"{path} line {_line_number(path, at)} is not UTF-8 text; a JSON Lines file is UTF-8 text, one "
+                        "object per line (is it a binary file?)") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} line {_line_number(path, at)} is not valid JSON ({e}); the file must be JSON Lines, "
+                        "one object per line") from None
+    text = record.get(field) if isinstance(record, dict) else None
+    if text is None:
+        if not isinstance(record, dict) or field not in record:
+            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise DataError(f"{path} line {_line_number(path, at)}: a record has no text field {field!r}; set "
+                            f"text_field to one of {keys}")
+        return None
+    if not isinstance(text, str):
+        kind = {dict: "an object", list: "a list", bool: "a boolean"}.get(type(text), "a number")
+        raise DataError(f"{path} line {_line_number(path, at)}: the text field {field!r} is {kind} "
+                        f"({json.dumps(text)[:60]}), not a string; set text_field to the field that holds the text")
+    if b"\\ud" in line.lower():  # an escaped lone surrogate decodes to a str no tokenizer can encode
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"{path} line {_line_number(path, at)}: the text field {field!r} holds an unpaired "
+                            "surrogate escape (\\ud800-\\udfff), which is not text; fix the line") from None
+    return text
+
+
 def _gen_jsonl(shards: list[tuple[str, int, int]], field: str):
     for path, start, end in shards:
         with open(path, "rb") as f:
@@ -157,22 +267,15 @@ def _gen_jsonl(shards: list[tuple[str, int, int]], field: str):
                 f.seek(start - 1)
                 f.readline()  # the line holding byte start-1 belongs to the previous range
             while f.tell() < end:
+                at = f.tell()
                 line = f.readline()
                 if not line:
                     break
                 if not line.strip():
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: a line is not valid JSON ({e}); the file must be JSON Lines, one object per line") from None
-                text = record.get(field) if isinstance(record, dict) else None
-                if text is None:
-                    if not isinstance(record, dict) or field not in record:
-                        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                        raise DataError(f"{path}: a record has no text field {field!r}; set text_field to one of {keys}")
-                    continue
-                yield {"text": str(text)}
+                text = _jsonl_text(path, at, line, field)
+                if text is not None:
+                    yield {"text": text}
 
 
 def parquet_shards(files: list[str]) -> list[tuple[str, int]]:
@@ -182,12 +285,17 @@ def parquet_shards(files: list[str]) -> list[tuple[str, int]]:
 
 
 def _gen_parquet(shards: list[tuple[str, int]], field: str):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     for path, group in shards:
         pf = pq.ParquetFile(path)
         if field not in pf.schema_arrow.names:
             raise DataError(f"{path} has no text field {field!r}; set text_field to one of {pf.schema_arrow.names}")
+        kind = pf.schema_arrow.field(field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise DataError(f"{path}: the text field {field!r} is a column of {kind}, not of strings; set text_field to "
+                            "the column that holds the text")
         for text in pf.read_row_group(group, columns=[field]).column(0).to_pylist():
             if text is not None:
                 yield {"text": str(text)}
@@ -230,7 +338,7 @@ def source_documents(source: dict[str, Any], holdout: str | None, val_fraction: 
         elif kind == "parquet":
             ds = _from_generator(_gen_parquet, shards=parquet_shards(files), field=field)
         else:
-            ds = _from_generator(_gen_text_files, files=files)
+            ds = _from_generator(_gen_text_files, files=files, strict=True)
     elif "hub" in source:
         kwargs = {k: source[k] for k in ("revision", "data_dir", "data_files") if k in source}
         if source.get("streaming"):
@@ -243,6 +351,10 @@ def source_documents(source: dict[str, Any], holdout: str | None, val_fraction: 
         names = list(ds.column_names or [])
         if names and field not in names:
             raise DataError(f"data source {source!r} has no text field {field!r}; set text_field to one of {names}")
+        kind = (ds.features or {}).get(field)
+        if kind is not None and getattr(kind, "dtype", None) not in ("string", "large_string"):
+            raise DataError(f"data source {source!r}: the text field {field!r} holds {kind}, not strings; set text_field "
+                            "to the column that holds the text")
         if field != "text":
             ds = ds.rename_column(field, "text")
         ds = ds.select_columns(["text"])

@@ -161,6 +161,9 @@ class StreamBatches:
             self._iter = iter(self.loader)
         try:
             return next(self._iter)
+        except DataError as e:  # raised in a worker: torch re-raises it with the worker's traceback as its text
+            text = str(e).strip().splitlines()
+            raise DataError(text[-1].split("DataError: ", 1)[-1] if "Original Traceback" in str(e) else str(e)) from None
         except StopIteration:
             raise DataError(f"the streaming data of rank {self.rank} produced no chunk of {self.stream.chunk_len} tokens "
                             f"(step {step}, micro-batch {micro}); check the source, or use fewer processes than it has "

@@ -23,9 +23,11 @@ directory into place: a store exists whole or not at all.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -42,6 +44,7 @@ VERSION = 1
 SHARD_TOKENS = 1 << 28  # 512 MB of uint16 per file
 BATCH_DOCUMENTS = 64
 BATCH_CHARS = 1 << 20
+_VERIFY_BLOCK = 16 << 20
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -50,23 +53,91 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 # ---- reading ------------------------------------------------------------------------------------
+_FIX = "prepare it again (`python prepare_data.py --config X.yaml --out DIR`)"
+DTYPES = ("uint16", "uint32")
+
+
+def _index_error(index: str, problem: str) -> DataError:
+    return DataError(f"{index} {problem}; the token store is damaged or was edited: {_FIX}")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_index(path: str) -> dict[str, Any]:
+    """The checked ``index.json`` of the store at ``path``: its format, dtype and shard list."""
+    index = os.path.join(path, INDEX)
+    if not os.path.isfile(index):
+        raise DataError(f"{path} is not a token store (no {INDEX}); write one with "
+                        "`python prepare_data.py --config X.yaml --out DIR`")
+    try:
+        with open(index, "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise _index_error(index, f"is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise _index_error(index, f"is not valid JSON ({e})") from None
+    except OSError as e:
+        raise DataError(f"{index} cannot be read ({e.strerror or e})") from None
+    if not isinstance(meta, dict):
+        raise _index_error(index, f"holds a JSON {type(meta).__name__}, not the object a store's index is")
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise DataError(f"{path} is a token store of another format/version ({meta.get('format')} "
+                        f"v{meta.get('version')}); prepare it again with prepare_data.py")
+    if meta.get("dtype") not in DTYPES:
+        raise _index_error(index, f"key 'dtype' = {meta.get('dtype')!r} is not one of {', '.join(DTYPES)}")
+    shards = meta.get("shards")
+    if not isinstance(shards, list):
+        raise _index_error(index, "has no 'shards' list (each shard {\"file\": NAME, \"tokens\": N})")
+    for i, shard in enumerate(shards):
+        if not (isinstance(shard, dict) and isinstance(shard.get("file"), str) and _is_count(shard.get("tokens"))):
+            raise _index_error(index, f"shard {i} ({str(shard)[:80]}) is not {{\"file\": NAME, \"tokens\": N >= 0}}")
+    if "num_tokens" in meta and meta["num_tokens"] != sum(s["tokens"] for s in shards):
+        raise _index_error(index, f"key 'num_tokens' = {meta['num_tokens']!r} is not the sum of its shards' tokens "
+                                  f"({sum(s['tokens'] for s in shards)})")
+    return meta
+
+
+def shard_file(path: str, name: str, index: str) -> str:
+    """The shard ``name`` of the store at ``path``: a file inside the store, never a path out of it
+    (an absolute path, ``..``, or a link that leads outside is refused: a store from elsewhere must
+    not make training read, and a model memorise, any other file of this machine)."""
+    inside = (name and name == os.path.basename(name) and name not in (".", "..") and "\\" not in name
+              and "\0" not in name and not os.path.isabs(name))
+    full = os.path.join(path, name) if inside else name
+    root = os.path.realpath(path)
+    if not inside or os.path.dirname(os.path.realpath(full)) != root:
+        raise DataError(f"{index} names the shard {name!r}, which is not a file inside the store {path} (shards are "
+                        f"files beside index.json); refusing to read it: {_FIX}")
+    return full
+
+
 class TokenStore:
-    """Read-only access to a store's flat token array by absolute token position."""
+    """Read-only access to a store's flat token array by absolute token position.
+
+    Opening one checks its index (:func:`read_index`) and that every shard is a file inside the
+    store with exactly the bytes the index says (one ``stat`` per shard); :meth:`verify` checks the
+    content against the SHA-256 recorded at writing (a full read, on request)."""
 
     def __init__(self, path: str):
+        self.meta: dict[str, Any] = read_index(path)
         index = os.path.join(path, INDEX)
-        if not os.path.isfile(index):
-            raise DataError(f"{path} is not a token store (no {INDEX}); write one with "
-                            "`python prepare_data.py --config X.yaml --out DIR`")
-        with open(index) as f:
-            self.meta: dict[str, Any] = json.load(f)
-        if self.meta.get("format") != FORMAT or self.meta.get("version") != VERSION:
-            raise DataError(f"{path} is a token store of another format/version ({self.meta.get('format')} "
-                            f"v{self.meta.get('version')}); prepare it again with prepare_data.py")
         self.path = path
         self.dtype = np.dtype(self.meta["dtype"])
-        self.files = [os.path.join(path, s["file"]) for s in self.meta["shards"]]
-        sizes = [int(s["tokens"]) for s in self.meta["shards"]]
+        self.files = [shard_file(path, s["file"], index) for s in self.meta["shards"]]
+        sizes = [s["tokens"] for s in self.meta["shards"]]
+        for file, tokens in zip(self.files, sizes):
+            try:
+                st = os.stat(file)
+                if not stat.S_ISREG(st.st_mode):
+                    raise DataError(f"{file} is not a regular file, but {index} lists it as a shard: {_FIX}")
+                os.close(os.open(file, os.O_RDONLY))  # readable now, not at the first batch that needs it
+            except OSError as e:
+                raise DataError(f"{file} cannot be opened ({e.strerror}), but {index} lists it: {_FIX}") from None
+            if st.st_size != tokens * self.dtype.itemsize:
+                raise DataError(f"{file} holds {st.st_size} bytes, but {index} says {tokens} {self.dtype.name} tokens "
+                                f"({tokens * self.dtype.itemsize} bytes): the store changed after it was written; {_FIX}")
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_tokens = int(self.starts[-1])
         self._fds: dict[int, int] = {}
@@ -93,6 +164,9 @@ class TokenStore:
             offset = start + at - int(self.starts[shard])
             n = min(count - at, int(self.starts[shard + 1]) - (start + at))
             raw = os.pread(self._fd(shard), n * item, offset * item)
+            if len(raw) != n * item:  # checked at opening: the file shrank since
+                raise DataError(f"{self.files[shard]} ended at byte {offset * item + len(raw)}, before the {n} tokens "
+                                f"at token {offset} its store's {INDEX} promises: it changed while the run read it; {_FIX}")
             out[at : at + n] = np.frombuffer(raw, dtype=self.dtype)
             at, shard = at + n, shard + 1
         return out
@@ -108,6 +182,41 @@ class TokenStore:
         if self.meta.get("bos_id") != bos_id(tokenizer):  # stores written before BOS was packed have none
             raise DataError(f"token store {self.path} holds documents with BOS id {self.meta.get('bos_id')} but this run's "
                             f"tokenizer puts {bos_id(tokenizer)} before a text; prepare the store again")
+
+    def verify(self, threads: int | None = None) -> dict[str, Any]:
+        """Read every shard in full: its SHA-256 must be the one recorded when it was written, and every
+        token below the index's ``vocab_size``. A :class:`DataError` names the first shard that differs.
+        Costs one read of the store (hashing runs at about 0.5 GB/s per core, shards in parallel), so
+        it runs on request (``prepare_data.py --verify DIR``), never at start-up."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        index = os.path.join(self.path, INDEX)
+        shards = self.meta["shards"]
+        if not all(isinstance(s.get("sha256"), str) for s in shards):
+            raise DataError(f"{index} records no SHA-256 of its shards (written before stores recorded them): its "
+                            f"content cannot be verified; {_FIX}")
+        vocab = self.meta.get("vocab_size")
+
+        def check(i: int) -> None:
+            digest, top = hashlib.sha256(), -1
+            with open(self.files[i], "rb") as f:
+                for block in iter(lambda: f.read(_VERIFY_BLOCK), b""):
+                    digest.update(block)
+                    if len(block) >= self.dtype.itemsize:
+                        top = max(top, int(np.frombuffer(block, self.dtype).max()))
+            if digest.hexdigest() != shards[i]["sha256"]:
+                raise DataError(f"{self.files[i]} changed after the store was written (its SHA-256 differs from the one "
+                                f"in {index}); {_FIX}")
+            if _is_count(vocab) and top >= vocab:
+                raise DataError(f"{self.files[i]} holds token id {top}, outside the vocabulary of {vocab} its "
+                                f"{INDEX} records; {_FIX}")
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, min(threads or os.cpu_count() or 1, len(shards) or 1))) as pool:
+            list(pool.map(check, range(len(shards))))  # hashlib and numpy release the GIL on large blocks
+        seconds = time.perf_counter() - t0
+        nbytes = self.num_tokens * self.dtype.itemsize
+        return {"shards": len(shards), "bytes": nbytes, "seconds": seconds}
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -175,6 +284,7 @@ def _encoded(docs, tokenizer, dtype: np.dtype, num_proc: int) -> Iterator[tuple[
     processes (as ``datasets.map(num_proc=...)`` splits a dataset), written in shard order, so
     the store is the same for any ``num_proc``."""
     backend, specials = backend_of(tokenizer), (eos_id(tokenizer), bos_id(tokenizer))
+    num_proc = min(num_proc, docs.num_shards)  # a process per shard at most: more would only idle
     if num_proc <= 1:
         for index in range(docs.num_shards):
             yield from _shard_arrays(docs, index, backend, specials, dtype)
@@ -212,13 +322,16 @@ class _ShardWriter:
                 self._next_file()
             room = self.shard_tokens - self.shards[-1]["tokens"]
             part, tokens = tokens[:room], tokens[room:]
-            self._file.write(part.astype(self.dtype, copy=False).tobytes())
+            data = part.astype(self.dtype, copy=False).tobytes()
+            self._file.write(data)
+            self._hash.update(data)  # the shard's SHA-256 as it is written: verifying later needs no second pass here
             self.shards[-1]["tokens"] += len(part)
 
     def _next_file(self) -> None:
         self.close()
         name = f"tokens-{len(self.shards):05d}.bin"
         self._file = open(os.path.join(self.directory, name), "wb")
+        self._hash = hashlib.sha256()
         self.shards.append({"file": name, "tokens": 0})
 
     def close(self) -> None:
@@ -227,6 +340,7 @@ class _ShardWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+            self.shards[-1]["sha256"] = self._hash.hexdigest()
 
 
 def write_token_store(

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rpt.data.errors import DataError
-from rpt.data.sources import is_token_store, texts
+from rpt.data.sources import content_fingerprint, is_token_store, texts
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -40,14 +40,14 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
     A trained tokenizer sees only the ``holdout`` side of the held-out split (None: all of
     ``sources``, when validation data is given separately) and is cached under ``cache_dir``.
     """
-    from transformers import AutoTokenizer
-
     if isinstance(spec, dict) and "train_bpe" in spec:
         if is_token_store(sources):
             raise DataError("tokenizer {train_bpe: ...} needs text data, but data is a token store; "
                             "set tokenizer to the store's tokenizer (see its index.json)")
         vocab_size = int((spec["train_bpe"] or {}).get("vocab_size", 4096))
-        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        # Keyed by the files' content too (size, mtime): a corpus rewritten in place trains a new tokenizer.
+        key = hashlib.md5(json.dumps(["v2", sources, holdout, val_fraction, seed, vocab_size, content_fingerprint(sources)],
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
         path = os.path.join(cache_dir or "runs/cache", f"tokenizer-{key}")
         if not os.path.isdir(path):
             tok = train_bpe_tokenizer(texts(sources, holdout, val_fraction, seed), vocab_size)
@@ -57,11 +57,50 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
                 os.rename(tmp, path)
             except OSError:  # another process finished the same tokenizer first
                 shutil.rmtree(tmp, ignore_errors=True)
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer(path)
     name = spec if isinstance(spec, str) else fallback
     if name is None:
         raise DataError("no tokenizer: set tokenizer to an HF id / path or {train_bpe: {vocab_size: 4096}}")
-    return AutoTokenizer.from_pretrained(name)
+    return load_tokenizer(name)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+
+
+def _damaged_file(directory: str) -> str | None:
+    """Which of a tokenizer directory's files is not UTF-8 (or not JSON), if one is."""
+    for name in TOKENIZER_FILES:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"{path} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        if name.endswith(".json"):
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as e:
+                return f"{path} is not valid JSON ({e})"
+    return None
+
+
+def load_tokenizer(name: str):
+    """``AutoTokenizer.from_pretrained(name)``; a tokenizer that cannot be loaded is one :class:`DataError`
+    naming the file at fault where a local one is (transformers' own message names none: "'utf-8' codec
+    can't decode byte 0xff"; the Rust side raises a bare ``Exception``)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as e:
+        local = os.path.expanduser(str(name))
+        found = _damaged_file(local) if os.path.isdir(local) else None
+        detail = found or " ".join(str(e).split())[:300] or type(e).__name__
+        raise DataError(f"cannot load a tokenizer from {name}: {detail}; give a tokenizer directory that "
+                        "save_pretrained wrote, or set config key 'tokenizer'") from None
 
 
 def backend_of(tokenizer):
