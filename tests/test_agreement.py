@@ -306,9 +306,10 @@ def test_short_study_end_to_end(tmp_path):
     assert p2["mean"] == pytest.approx(np.mean(p2["per_seed"]))
     md = paths[1].read_text()
     assert "P2 (primary)" in md and ("**held**" in md or "**failed**" in md) and "Development run" in md
-    # resumable: every run is cached, nothing is trained again
-    again = runner.run(design, [10, 11], tmp_path / "work", steps=2, train=lambda jobs: trained.extend(jobs) or None)
-    assert len(trained) == 6 and again["predictions"]["P2"]["mean"] == pytest.approx(p2["mean"])
+    # resumable: a rerun finds the source and every trained run cached (nothing is written or trained again)
+    files = runner.prepare_source(tmp_path / "work", design)
+    assert all(job.cached() for *_, job in runner.jobs(tmp_path / "work", files, [10, 11], 2))
+    assert not all(job.cached() for *_, job in runner.jobs(tmp_path / "work", files, [10, 11], 3))
 
 
 def test_decision_rules_on_constructed_results():
