@@ -94,12 +94,21 @@ def symbol_tokenizer(vocab: int):
                                    pad_token=EOS_TOKEN, unk_token=UNK_TOKEN)
 
 
-def _write_jsonl(path: str, rows: np.ndarray) -> None:
+def write_documents(path: str, rows: np.ndarray) -> None:
+    """Token-id documents ``[n, T]`` as JSONL for ``train.py``: one line of symbols per document, atomically."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         for row in rows:
             f.write(json.dumps({"text": " ".join(symbol(int(t)) for t in row)}) + "\n")
     os.replace(tmp, path)
+
+
+def write_tokenizer(path: str, vocab: int) -> None:
+    """:func:`symbol_tokenizer` saved to ``path`` (written beside it, then renamed into place)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    symbol_tokenizer(vocab).save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(tmp, path)
 
 
 @dataclass
@@ -124,13 +133,9 @@ def write_source(out_dir: str, design: Design) -> SourceFiles:
     files = SourceFiles(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     hmm = design.make_hmm()
-    _write_jsonl(files.train, hmm_lib.sample(hmm, design.train_docs, design.doc_len, seed=design.hmm_seed + 1))
-    _write_jsonl(files.validation, hmm_lib.sample(hmm, design.val_docs, design.doc_len, seed=design.hmm_seed + 2))
-    tok = symbol_tokenizer(design.vocab)
-    tmp = f"{files.tokenizer}.{os.getpid()}.tmp"
-    tok.save_pretrained(tmp)
-    shutil.rmtree(files.tokenizer, ignore_errors=True)
-    os.rename(tmp, files.tokenizer)
+    write_documents(files.train, hmm_lib.sample(hmm, design.train_docs, design.doc_len, seed=design.hmm_seed + 1))
+    write_documents(files.validation, hmm_lib.sample(hmm, design.val_docs, design.doc_len, seed=design.hmm_seed + 2))
+    write_tokenizer(files.tokenizer, design.vocab)
     with open(files.hmm, "w") as f:
         json.dump({"design": design.to_dict(), "hmm": hmm.to_dict()}, f, indent=1)
     return files

@@ -365,3 +365,111 @@ def scores_entry(cond: wc.WindowConditionals, truth: ctl.Truth, iters: int = 1) 
     return {"scores": {**{str(k): marginal_scores(j.sum(axis=2), true_marg) for k, j in enumerate(joints)},
                        "truth": marginal_scores(true_marg, true_marg), "ntp_argmax_onehot": marginal_scores(onehot, true_marg)},
             "acceptance": acceptance_by_eta(cond), "precondition": precondition(cond, truth.joint)}
+
+
+# ---- the three-level noise model (issue 38) ----------------------------------------------------------
+# Eq. 33's construction applied to each of the three conditionals eq. 4 uses, each at its own level:
+#
+#     p^(a)   = (1 - e_m) p(a)   + e_m n(a)        the first token's marginal (NTP)
+#     N^(b|a) = (1 - e_c) N(b|a) + e_c n_a(b)      the NTP conditional of the second token
+#     P^(a|b) = (1 - e_p) P(a|b) + e_p n_b(a)      the PTP conditional of the first token
+#
+# with every n a fresh U(0, 1) vector normalised, one per row (the paper's two-level model is
+# e_m = e_c = eps_n). TV_0 = TV(p^ N^, pi) and TV_1 = TV(sum_b m0(b) P^(a|b) N^(b'|a), pi) with
+# m0(b) = sum_a p^(a) N^(b|a): one eq. 4 sweep from the NTP window, exact (window_chain).
+#
+# Units. A row's TV to the truth is linear in its level: TV((1 - e) p + e n, p) = e TV(n, p). So a
+# table's measured error -- true-law-weighted row TV, exactly what controlled.sec3_errors reports for a
+# trained model (eps_marginal, eps_next_avg, eps_prev_avg) -- is e times that of its pure-noise table,
+# and a model's measured (eps_m, eps_c, eps_p) give the levels e_x = eps_x / eps_x(e = 1) exactly, for
+# the noise drawn (drawn once: common random numbers for every model and level).
+#
+# Crossover. TV_0 does not involve e_p, and the k = 1 law is affine in P^, hence in e_p: the mean of
+# TV_1 over contexts and draws is convex in e_p, so {e_p : TV_1 < TV_0} is an interval [0, e*) when an
+# exact PTP helps at all (TV_1(0) < TV_0). eps_p*(eps_m, eps_c) = e* eps_p(e = 1), found by bisection;
+# 0 when TV_1(0) >= TV_0 (RPT cannot help at these NTP errors).
+THREE_LEVEL_REPEATS = 8  # noise draws per context
+THREE_LEVEL_SEED = 0
+UNDECIDED_BAND = 0.05  # within 5% of eps_p*: no sign predicted
+
+
+class ThreeLevel:
+    """The three-level model on one window type's true joints ``[B, A, B']``, strictly positive on the
+    tokens each window position can take (the noise lives there too: a trained model's errors do)."""
+
+    def __init__(self, joint: np.ndarray, repeats: int = THREE_LEVEL_REPEATS, seed: int = THREE_LEVEL_SEED):
+        if joint.ndim != 3 or (joint <= 0).any():
+            raise ValueError("the three-level model needs [B, A, B'] joints, positive on their support")
+        rng = np.random.default_rng(seed)
+        b, na, nb = joint.shape
+        self.joint = np.tile(joint, (repeats, 1, 1))  # draws stacked along the batch: [R * B, A, B']
+        self.truth = wc.truth_conditionals(self.joint)
+
+        def noise(shape, axis):
+            n = rng.uniform(0.0, 1.0, size=shape)
+            return n / n.sum(axis=axis, keepdims=True)
+
+        marg, nxt = noise((repeats * b, na), -1), noise((repeats * b, na, nb), -1)
+        prv = noise((repeats * b, na, nb), 1)  # column b: a law of a
+        self.noise = wc.WindowConditionals([marg, nxt], [prv, nxt])
+        unit = ctl.sec3_errors(self.noise, self.truth)  # e = 1: every table pure noise
+        self.unit = {"m": float(unit["eps_marginal"].mean()), "c": float(unit["eps_next_avg"].mean()),
+                     "p": float(unit["eps_prev_avg"].mean())}
+
+    def levels(self, eps: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+        """Measured errors ``{"m", "c", "p"}`` -> levels ``e`` (clipped at 1: eq. 33 cannot make a table
+        worse than pure noise; the clipped ones are returned as ``saturated``)."""
+        raw = {k: v / self.unit[k] for k, v in eps.items()}
+        return {k: min(max(v, 0.0), 1.0) for k, v in raw.items()}, sorted(k for k, v in raw.items() if v > 1.0)
+
+    def conditionals(self, e_m: float, e_c: float, e_p: float) -> wc.WindowConditionals:
+        t, n = self.truth, self.noise
+        p0 = (1 - e_m) * t.init[0] + e_m * n.init[0]
+        nxt = (1 - e_c) * t.init[1] + e_c * n.init[1]
+        prv = (1 - e_p) * t.resample[0] + e_p * n.resample[0]
+        return wc.WindowConditionals([p0, nxt], [prv, nxt])
+
+    def _tv1_affine(self, e_m: float, e_c: float) -> tuple[float, np.ndarray, np.ndarray]:
+        """Mean TV_0, and the k = 1 law's error as ``A + e_p D`` (affine in e_p)."""
+        at0 = self.conditionals(e_m, e_c, 0.0)
+        at1 = self.conditionals(e_m, e_c, 1.0)
+        j0 = wc.ntp_joint(at0)
+        k1_0, k1_1 = wc.rpt_iteration(j0, at0), wc.rpt_iteration(j0, at1)
+        return float(wc.tv(j0, self.joint).mean()), k1_0 - self.joint, k1_1 - k1_0
+
+    def predict(self, eps_m: float, eps_c: float, eps_p: float) -> dict:
+        """Predicted mean TV_0, TV_1 and TV_1 / TV_0 for a model with these measured errors, and the
+        crossover ``eps_p*(eps_m, eps_c)`` its eps_p is compared with."""
+        e, saturated = self.levels({"m": eps_m, "c": eps_c, "p": eps_p})
+        tv0, a, d = self._tv1_affine(e["m"], e["c"])
+        tv1 = float(0.5 * np.abs(a + e["p"] * d).reshape(len(a), -1).sum(axis=1).mean())
+        return {"eps": {"m": eps_m, "c": eps_c, "p": eps_p}, "levels": e, "saturated": saturated,
+                "tv0": tv0, "tv1": tv1, "tv1_over_tv0": tv1 / tv0, **self._crossover(tv0, a, d)}
+
+    def crossover(self, eps_m: float, eps_c: float) -> dict:
+        e, _ = self.levels({"m": eps_m, "c": eps_c})
+        return self._crossover(*self._tv1_affine(e["m"], e["c"]))
+
+    def _crossover(self, tv0: float, a: np.ndarray, d: np.ndarray, iters: int = 60) -> dict:
+        """``eps_p*`` in measured units: ``above_range`` when even a pure-noise PTP (e_p = 1) still helps."""
+        def gap(e_p):
+            return float(0.5 * np.abs(a + e_p * d).reshape(len(a), -1).sum(axis=1).mean()) - tv0
+
+        if gap(0.0) >= 0.0:
+            return {"eps_p_star": 0.0, "above_range": False}
+        if gap(1.0) < 0.0:
+            return {"eps_p_star": self.unit["p"], "above_range": True}
+        lo, hi = 0.0, 1.0
+        for _ in range(iters):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if gap(mid) < 0.0 else (lo, mid)
+        return {"eps_p_star": 0.5 * (lo + hi) * self.unit["p"], "above_range": False}
+
+
+def three_level_sign(eps_p: float, eps_p_star: float, above_range: bool = False,
+                     band: float = UNDECIDED_BAND) -> int:
+    """The predicted sign of TV_1 - TV_0: -1 below the crossover, +1 above it, 0 (undecided) within
+    ``band`` of it (and above ``eps_p*`` when that is only a lower bound, ``above_range``)."""
+    if abs(eps_p - eps_p_star) <= band * eps_p_star or (above_range and eps_p > eps_p_star):
+        return 0
+    return -1 if eps_p < eps_p_star else 1

@@ -1,0 +1,69 @@
+"""Where RPT wins: the pre-registered agreement-pairs study (issue 38, docs/agreement_preregistration.md).
+
+    python eval/agreement.py                                   # the official run: seeds 0-4, source seed 0
+    python eval/agreement.py --source-seed 1 --seeds 10 11 --steps 200   # development
+
+Writes the agreement-pairs source (contents 0-15, tags 16-23, 64-token documents; exact joints in
+closed form), trains three arms per training seed from scratch with ``configs/agreement.yaml``
+(pure NTP; RPT w = 2, s = 1, q = 0.3; RPT q = 0.1), each run cached under ``--work`` (a rerun
+resumes), scores every model exactly on 1000 tag-first and 1000 content-first windows (TV between
+the true law of the next two tokens and the model's sampled law at k = 0 and k = 1), and writes the
+predictions P1-P4 and the co-primary with their intervals to ``--out`` (.md/.png beside it).
+
+The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration
+is committed and unchanged in git; its sha256 and commit are recorded in the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rpt.studies import agreement_run as runner  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(runner.OFFICIAL_SEEDS), help="training seeds")
+    parser.add_argument("--source-seed", type=int, default=None, help="the source's parameters (default 0, official)")
+    parser.add_argument("--steps", type=int, default=None, help="override the config's max_steps (development)")
+    parser.add_argument("--contexts", type=int, default=None, help="evaluation documents (development)")
+    parser.add_argument("--train-docs", type=int, default=None, help="training documents (development)")
+    parser.add_argument("--work", default=None, help="source and runs (default runs/agreement/source<seed>)")
+    parser.add_argument("--out", default=None, help=f"output JSON (default {runner.OFFICIAL_OUT} for the official "
+                        "run, <work>/agreement.json otherwise); .md/.png beside it")
+    parser.add_argument("--parallel", type=int, default=2, help="training runs side by side, one thread each")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        design = runner.design_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.contexts is not None and args.contexts < 2:
+        print("error: --contexts must be at least 2", file=sys.stderr)
+        return 2
+    work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
+    official = runner.is_official(design, args.seeds)
+    out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
+    try:
+        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=max(1, args.parallel))
+    except runner.Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    paths = runner.write_outputs(out, summary)
+    print(Path(paths[1]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

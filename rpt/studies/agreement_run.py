@@ -1,0 +1,187 @@
+"""The agreement study's runs (``eval/agreement.py``): the source written, 3 arms x the training seeds
+trained with ``train.py`` (cached per run, so a rerun resumes), every model scored exactly, the
+predictions summarised, JSON + markdown + figure written atomically.
+
+The official seeds (training seeds 0-4 on source seed 0) run only the registered protocol and only
+once ``docs/agreement_preregistration.md`` is committed and unchanged in git; its sha256 and commit go
+into the results. Development uses another source seed or other training seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rpt.report import save_figure, sibling, write_json, write_markdown
+from rpt.studies import agreement as ag
+from rpt.studies import agreement_study as study
+from rpt.studies import controlled as ctl
+from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
+
+CONFIG = "configs/agreement.yaml"
+PREREGISTRATION = "docs/agreement_preregistration.md"
+OFFICIAL_SOURCE_SEED = 0
+OFFICIAL_SEEDS = (0, 1, 2, 3, 4)
+OFFICIAL_OUT = "docs/agreement.json"
+
+
+class Refused(Exception):
+    """A run the study will not do; the message is the one line to show."""
+
+
+def is_official(design: ag.Design, seeds: Sequence[int]) -> bool:
+    return design.source_seed == OFFICIAL_SOURCE_SEED and any(s in OFFICIAL_SEEDS for s in seeds)
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+def preregistration(root: Path, path: str = PREREGISTRATION) -> dict:
+    """The committed pre-registration: its sha256 and the last commit that touched it. Raises
+    :class:`Refused` unless the file is tracked and unchanged against HEAD in a git work tree."""
+    fix = (f"commit {path} before the official run, or develop with another --source-seed or other --seeds "
+           f"than the official ones (training seeds 0-4 with source seed 0)")
+    if shutil.which("git") is None:
+        raise Refused(f"the official seeds need {path} committed in git, and git is not installed: {fix}")
+    if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
+        raise Refused(f"the official seeds need {path} committed in git, and {root} is not a git work tree: {fix}")
+    if _git(root, "cat-file", "-e", f"HEAD:{path}").returncode != 0:
+        raise Refused(f"the official seeds need {path} committed, and it is not in HEAD: {fix}")
+    status = _git(root, "status", "--porcelain", "--", path)
+    if status.returncode != 0 or status.stdout.strip():
+        raise Refused(f"the official seeds need {path} committed, and it has uncommitted changes: {fix}")
+    commit = _git(root, "log", "-1", "--format=%H", "--", path).stdout.strip()
+    return {"path": path, "sha256": hashlib.sha256((root / path).read_bytes()).hexdigest(), "commit": commit}
+
+
+def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -> None:
+    """The official seeds run the registered protocol only."""
+    if list(seeds) != list(OFFICIAL_SEEDS) or steps is not None or design != ag.Design():
+        raise Refused("the official seeds (training seeds 0-4 with source seed 0) run the registered protocol "
+                      "only: --seeds 0 1 2 3 4 and no --steps/--contexts/--train-docs; for development use "
+                      "another --source-seed or other --seeds")
+
+
+def prepare_source(work: Path, design: ag.Design) -> ctl.SourceFiles:
+    """The source under ``work/source`` (cached). Written anew when its design changed, and then the
+    runs trained on the old samples are removed with it."""
+    files = ctl.SourceFiles(str(work / "source"))
+    meta = Path(ag.meta_path(files.dir))
+    if meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict():
+        print(f"[agreement] source {files.dir}: cached", flush=True)
+        return files
+    shutil.rmtree(files.dir, ignore_errors=True)
+    for arm, _ in study.ARMS:
+        for run in work.glob(f"{arm}_s*"):
+            shutil.rmtree(run, ignore_errors=True)
+    return ag.write_source(files.dir, design)
+
+
+def jobs(work: Path, files: ctl.SourceFiles, seeds: Sequence[int], steps: int | None) -> list[tuple[str, int, TrainJob]]:
+    """One from-scratch run per (arm, seed), seed-major (a cut-short study still has every arm once);
+    the seed sets the data order, so arms with the same seed index see the same batches."""
+    base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
+            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps else [])]
+    extra = {arm: (["objective=ntp"] if q is None else [f"q={q}"]) for arm, q in study.ARMS}
+    return [(arm, s, TrainJob(CONFIG, work / f"{arm}_s{s}", [*base, *extra[arm], f"seed={s}"]))
+            for s in seeds for arm, _ in study.ARMS]
+
+
+def load_checkpoint(path: str):
+    from rpt.sampling.loading import load_model, rpt_window_of  # late: transformers, for checkpoints
+
+    window = rpt_window_of(path)
+    if window is None or window < 2:
+        raise Refused(f"{path} is not an RPT checkpoint with a window of at least 2")
+    return load_model(path, window, "cpu", torch.float32)  # the sampler's one loader; trained in float32
+
+
+def source_stats(design: ag.Design, params: ag.Params, cache: Path | None = None) -> dict:
+    """What the truth alone says: entropies, the ideal validation loss, and the tag error left to the
+    best log-additive model at each window type's hard token (kept in ``cache``, keyed by the design)."""
+    if cache is not None and cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("design") == design.to_dict():
+            return saved["stats"]
+    laws = ag.history_laws(params, design)
+    h = ag.entropy(params, design, laws)
+    j = (design.tag_first_cut - design.prefix) // 2
+    stats = {"entropy": h,
+             # train.py's eval_ntp_loss averages doc_len targets per row (x_2..x_T, then EOS, ~0 once learned).
+             "ideal_eval_ntp_loss": float((h["document"] - np.log(design.contents)) / design.doc_len),
+             "log_additive_tag_fit": {"tag_first": _fit_summary(ag.log_additive_fit(params, design, j, laws)),
+                                      "content_first": _fit_summary(ag.log_additive_fit(params, design, j + 1, laws))}}
+    if cache is not None:
+        write_json(cache, {"design": design.to_dict(), "stats": stats})
+    return stats
+
+
+def _fit_summary(fit: dict) -> dict:
+    return {k: fit[k] for k in ("pair", "tv", "kl", "tv_of_uniform", "converged")}
+
+
+def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None = None,
+        train: Callable[[list[TrainJob]], None] | None = None, parallel: int = 2,
+        root: Path | None = None) -> dict:
+    """The whole study; ``train`` runs the not-yet-cached jobs (default: ``train.py`` processes,
+    ``parallel`` at a time, one thread each). Raises :class:`Refused` before any work when refused."""
+    prereg = None
+    if is_official(design, seeds):
+        check_protocol(design, seeds, steps)
+        prereg = preregistration(root or ROOT)
+    t0 = time.perf_counter()
+    files = prepare_source(work, design)
+    planned = jobs(work, files, seeds, steps)
+    todo = [job for *_, job in planned]
+    if train is None:
+        run_jobs(todo, parallel)  # skips (and reports) the cached runs itself
+    else:
+        train([j for j in todo if not j.cached()])
+    t1 = time.perf_counter()
+    params = ag.make_params(design)
+    truth = study.truth_for(design, params)
+    entries, tvs = [], {}
+    for arm, seed, job in planned:
+        result = study.evaluate_model(load_checkpoint(job.final), truth, design)
+        entry = study.model_entry(arm, seed, result, truth)
+        entry.update(checkpoint=job.final, losses=_losses(job.run_dir))
+        entries.append(entry)
+        for name in study.WINDOW_TYPES:
+            tvs.setdefault(arm, {}).setdefault(name, []).append(result[name]["tv"])
+    tvs = {arm: {name: np.stack(v) for name, v in by.items()} for arm, by in tvs.items()}
+    summary = study.summarise(design, entries, tvs, source_stats(design, params, Path(files.dir) / "stats.json"))
+    summary.update(official=prereg is not None, preregistration=prereg, seeds=list(seeds),
+                   steps=steps or config_steps(CONFIG), config=CONFIG,
+                   seconds={"prepare_and_train": t1 - t0, "evaluate": time.perf_counter() - t1})
+    return summary
+
+
+def write_outputs(out: str | Path, summary: dict) -> list[Path]:
+    p = summary["predictions"]
+    reg = summary.get("preregistration")
+    notes = ("Official run of the pre-registered protocol "
+             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}). " if reg else
+             "Development run (not the official seeds): not a result. ") + (
+        f"{summary['metric']}. Seeds {summary['seeds']}, {summary['steps']} steps. "
+        f"P2 {'held' if p['P2']['held'] else 'failed'}, co-primary {'held' if p['co_primary']['held'] else 'failed'}, "
+        f"P1 {'held' if p['P1']['held'] else 'failed'}, P3 {'held' if p['P3']['held'] else 'failed'}, "
+        f"P4 {'held' if p['P4']['held'] else 'failed'}.")
+    return [write_json(out, summary),
+            write_markdown(sibling(out, ".md"), "Where RPT wins: the agreement-pairs study", study.markdown_tables(summary), notes),
+            save_figure(study.plot(summary), sibling(out, ".png"))]
+
+
+def design_from_args(args) -> ag.Design:
+    changes = {k: v for k, v in (("source_seed", args.source_seed), ("contexts", args.contexts),
+                                 ("train_docs", args.train_docs)) if v is not None}
+    return dataclasses.replace(ag.Design(), **changes)
