@@ -151,6 +151,12 @@ class _Block:
                 out.append(_Query(m - lag + 1, first + m, -lag - 1, first, m + 1))
         return out
 
+    def covers(self, other: _Block) -> bool:
+        """Whether this block's call answers everything ``other``'s would: the same NTP queries (and the
+        logits at n wherever ``other`` keeps them), a chain for each of its lags."""
+        return (self.region == other.region and self.keep_prev == other.keep_prev
+                and self.keep_top >= other.keep_top and set(other.lags) <= set(self.lags))
+
     def keep(self) -> list[int]:
         """Query indices whose logits are needed, in slot order: top, prev, then each chain's last."""
         keep = ([self.region - 1] if self.keep_top else []) + ([self.region - 2] if self.keep_prev else [])
@@ -168,7 +174,7 @@ class _MadeCall:
 
     n: int
     block: _Block
-    vals: torch.Tensor  # its proposals, on the device, in the block's ProposalLayout
+    vals: list[list[int]]  # its proposals, per row, in the block's ProposalLayout (read with the hand-over)
 
 
 class _Pattern:
@@ -186,8 +192,8 @@ class _Pattern:
             torch.tensor(keep, dtype=torch.long, device=device)
         self.scratch = q - block.region
         self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
-        if static:
-            for t in (self.src, self.write, self.limit, self.since, self.keep):
+        if static:  # every tensor a graph-replayed step reads keeps one address (no copy per replay)
+            for t in (self.src, self.write, self.limit, self.since, self.offsets, self.keep):
                 if isinstance(t, torch.Tensor):
                     torch._dynamo.mark_static_address(t)
 
@@ -222,7 +228,9 @@ class Decoder:
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
         self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
-        self._rpt_warm = False  # whether this decode ran the compiled RPT step's eager first step
+        self._rpt_warm = False  # whether this decode warmed the compiled RPT step (CompiledRPTStep.warm)
+        self.steps_past_events = 0  # compiled RPT steps queued after an event (they repeated its column)
+        self.queue_depth = 1 << 30  # compiled RPT steps to queue per read (rpt_path: capped per device)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
@@ -417,8 +425,9 @@ class Decoder:
         pending, self.pending = self.pending, None
         self.apply_writes()  # host-to-device copies first, while the device is idle
         pattern = self.pattern(block)
-        if pending is not None and (pending.n, pending.block) == (n, block):  # rpt_path made this call already
-            vals = pending.vals.tolist()
+        if pending is not None and pending.n == n and pending.block.covers(block):  # rpt_path made this call
+            block, pattern = pending.block, self.pattern(pending.block)  # (with every lag of the window, compiled)
+            vals = pending.vals
         else:
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
             vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
@@ -427,28 +436,37 @@ class Decoder:
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common steps of the batch-flat paths (rpt_path, ntp_path) ------------------------------
-    def flat_start(self, n: int) -> None:
+    def flat_start(self, n: int) -> bool:
         """Where the batch-flat RPT path starts at column n (every live row has settled n): the rows'
         writes applied, and into the state which rows are live, their proposals for n + 1 (a finished
-        row's: pad ids) and the step's column n + 1."""
+        row's: pad ids) and the step's column n + 1. Returns whether every live row ends at n + 1 with
+        its proposal (EOS, or its budget's last column), from the host's lists: no read."""
         self.apply_writes()
+        self.state.flags.zero_()  # the steps accumulate NaN rows and events until a read
+        self.state.bad.zero_()
         live = [s.requests is not None for s in self.slots]
         finished = [self.pad_id] * self.proposer.ntp_draws
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
         self.state.alive.copy_(self.to_device(live).bool())
         self.state.draws.copy_(self.to_device(draws))
         self.state.n.fill_(n + 1)
+        eos = set(self.config.eos_token_ids)
+        return all(d[0] in eos or self.W - 1 + self.budgets[b] <= n + 1 for b, (d, on) in enumerate(zip(draws, live))
+                   if on)
 
     def hand_over(self, m: int, block: _Block | None = None) -> None:
         """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
         proposals for m (the state's ``draws``); ``block``: the call the path made at m, if it made one,
         whose proposals wait in the state (:attr:`pending`, which the per-row round at m reuses)."""
         s = self.state
-        seqs, draws = s.seqs[:, :m].tolist(), s.draws.tolist()
+        parts = [s.seqs[:, :m], s.draws] + ([] if block is None else [s.pending_for(self.pattern(block).layout)])
+        host = torch.cat(parts, 1).tolist()  # one transfer
+        end = m + s.draws.shape[1]  # each host row: the layout before m, the draws, the call's proposals
         for slot in self.slots:
             if slot.requests is not None:
-                slot.resume(seqs[slot.index], m, self.plan, draws[slot.index])
-        self.pending = None if block is None else _MadeCall(m, block, s.pending_for(self.pattern(block).layout))
+                row = host[slot.index]
+                slot.resume(row[:m], m, self.plan, row[m:end])
+        self.pending = None if block is None else _MadeCall(m, block, [row[end:] for row in host])
 
     def common_block(self, n: int) -> _Block:
         """The block of a common step at column n: every row's ``x_n`` and one PTP chain per lag of the
@@ -458,21 +476,33 @@ class Decoder:
 
     def common_step(self, m: int) -> _Block:
         """RPT's common step at column m (:func:`~rpt.sampling.common_step.common_step`), in place on the
-        state; compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers) for
-        ``W < m < last`` when the decode compiles. Returns the call's block."""
-        block = self.common_block(m)
-        pattern, s = self.pattern(block), self.state
-        final_draw = self.proposer.ntp_draws > 1 and m > self.W  # sampled: x_m's redraw after the sweep
-        if self.compile_backend is not None and self.W < m < self.last:
+        state. Compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers), it
+        carries every lag of the window at every column (:meth:`full_block`) and reads its column from
+        the state, not from m. Returns the call's block."""
+        s = self.state
+        if self.compile_backend is not None:
+            block = self.full_block()
+            pattern = self.pattern(block)
             step = self.buffers.steps.get("rpt")
             if step is None:
                 step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
-            step(s, self.config, self.queries, pattern, block.lags, final_draw, not self._rpt_warm)
-            self._rpt_warm = True
+            if not self._rpt_warm:
+                step.warm(s, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
+                          self.queries.dtype)
+                self._rpt_warm = True
+            step(s, self.config, self.queries, pattern)
             return block
-        common_step(s, self.config, m, pattern, block.lags, final_draw, GrowingContexts(self.proposer, s.seqs),
+        block = self.common_block(m)
+        pattern = self.pattern(block)
+        common_step(s, self.config, m, pattern, GrowingContexts(self.proposer, s.seqs),
                     self.model_call(block, pattern, m), s.pending_for(pattern.layout))
         return block
+
+    def full_block(self) -> _Block:
+        """The compiled common step's block at every column: ``x_n``, its NTP logits, and a PTP chain per
+        lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that one graph
+        serves the whole decode."""
+        return _Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
 
     def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
         """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
@@ -513,7 +543,11 @@ class Decoder:
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
         rows = [s.row for s in self.slots]
-        stats = {"forward_passes": self.queries.calls, "corrections": sum(r.corrections for r in rows)}
+        # forward passes the algorithm made; the steps queued past an event ran the model for nothing
+        stats = {"forward_passes": self.queries.calls - self.steps_past_events,
+                 "corrections": sum(r.corrections for r in rows)}
+        if self.steps_past_events:
+            stats["steps_past_events"] = self.steps_past_events
         return assemble(self.input_ids, self.prompts, [r.generated for r in rows], [r.reason for r in rows],
                         self.pad_id, stats, self.start, healed=self.config.token_healing, seeds=self.seeds)
 
@@ -547,7 +581,7 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
             pooled per capacity bucket, :mod:`rpt.sampling.decode_buffers`); a string (or a callable)
             names the backend. On a CUDA device with inductor the batch-flat steps replay from CUDA
             graphs (:mod:`rpt.sampling.step_compile`) and plain NTP reads the host once per
-            :data:`~rpt.sampling.ntp_path.STEPS_PER_TRANSFER` steps.
+            :func:`~rpt.sampling.step_compile.steps_per_read` steps.
 
     Returns:
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
@@ -569,3 +603,4 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
     finally:
         if checks is not None:
             model.check_offsets = checks
+
