@@ -39,12 +39,14 @@ row has settled a column, and gets the rows back, with the call already made, at
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from rpt.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
 from rpt.kv_cache import sliding_window_of
 from rpt.queries import ModelQueries, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
@@ -61,6 +63,7 @@ from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals, ntp_draws, raise_nonfinite
+from rpt.sampling.streaming import ReplayGuard
 
 WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
@@ -255,6 +258,14 @@ class Decoder:
             return DecodeBuffers(queries, DecodeState.allocate(batch, capacity, draws, eos, self.device, static=True))
 
         self._lent, _ = borrow(model, key, build)
+        if self._lent.failure is not None:  # an earlier decode of this bucket failed to compile
+            failure, self._lent = self._lent.failure, give_back(self._lent)
+            raise CompileFailure(failure)
+        return self._lent
+
+    @property
+    def lent(self) -> DecodeBuffers | None:
+        """The pool's entry this decode borrowed (None: an eager decode, or given back)."""
         return self._lent
 
     def close(self) -> None:
@@ -593,14 +604,46 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
             start = time.perf_counter()
             inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            decoder = Decoder(model, inputs, input_ids, streamer, start, compile)
-            try:
-                out = decoder.run()
-            finally:
-                decoder.close()
+            out = _decode(model, inputs, input_ids, streamer, start, compile)
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:
         if checks is not None:
             model.check_offsets = checks
 
+
+def _run(decoder: Decoder) -> GenerateOutput:
+    try:
+        return decoder.run()
+    finally:
+        decoder.close()
+
+
+def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
+            compile: bool | str | Callable) -> GenerateOutput:
+    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.compile_guard`)
+    is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
+    strict mode the failure is raised)."""
+    if not compile:
+        return _run(Decoder(model, inputs, input_ids, streamer, start, compile))
+    watched = None if streamer is None else ReplayGuard(streamer)
+    try:
+        with failing_at_recompile_limit():
+            decoder = Decoder(model, inputs, input_ids, watched, start, compile)
+            try:
+                return decoder.run()
+            except CompileFailure as failure:
+                if decoder.lent is not None and decoder.lent.failure is None:
+                    decoder.lent.failure = str(failure)  # the bucket's later decodes run eagerly at once
+                raise
+            finally:
+                decoder.close()
+    except CompileFailure as failure:
+        if strict():
+            raise
+        reason = str(failure)
+    warnings.warn(f"generate(compile={compile!r}) could not run compiled ({reason}); this decode ran eagerly "
+                  f"(set {STRICT_ENV}=1 to raise instead)", RuntimeWarning, stacklevel=4)
+    out = _run(Decoder(model, inputs, input_ids, None if watched is None else watched.restarted(), start, False))
+    out.stats["compile_fallback"] = reason
+    return out

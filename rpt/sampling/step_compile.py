@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from rpt.compile_guard import guarded
+
 # compiled steps run between two reads of the flags, per device type (1 elsewhere): on CUDA the host
 # queues several graph replays while the device runs them, as gpt-fast and vLLM do (an NTP row that
 # finishes inside the run is fed its pad id on the device; an RPT step queued after an event repeats
@@ -42,7 +44,9 @@ def graphs_on(device: torch.device, backend) -> bool:
 
 
 def compile_step(fn: Callable, backend, device: torch.device) -> Callable:
-    """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor."""
+    """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor. Any
+    failure while it runs (tracing, compiling, capturing, replaying) raises
+    :class:`~rpt.compile_guard.CompileFailure`, on which ``generate`` decodes eagerly."""
     if graphs_on(device, backend):
-        return torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True)
-    return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
+        return guarded(torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True))
+    return guarded(torch.compile(fn, backend=backend, dynamic=False, fullgraph=True))
