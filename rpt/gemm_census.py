@@ -23,6 +23,30 @@ def _formula(func):
     return packet, flop_registry.get(packet)
 
 
+def _broadcast_heads(value):
+    """The 4-D ``[batch, heads, seq, dim]`` tensors of ``value`` (a tensor or a sequence of them) with fewer
+    heads than the most, as meta tensors of that many heads (what GQA's key / value broadcast to)."""
+    items = value if isinstance(value, (tuple, list)) else [value]
+    heads = max((a.shape[1] for a in items if isinstance(a, torch.Tensor) and a.dim() == 4), default=0)
+
+    def wide(a):
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[1] < heads and heads % a.shape[1] == 0:
+            return torch.empty((a.shape[0], heads, *a.shape[2:]), dtype=a.dtype, device="meta")
+        return a
+
+    return type(value)(wide(a) for a in value) if isinstance(value, (tuple, list)) else wide(value)
+
+
+def _flops(count, args, kwargs, out) -> int:
+    """``count``'s FLOPs for one call. torch before 2.12 asserts that an attention call's query, key and
+    value have as many heads (``sdpa_flop``: "shapes are incompatible"), which a GQA call (fewer key /
+    value heads, broadcast by the kernel) has not: counted then with the key / value heads broadcast."""
+    try:
+        return int(count(*args, **kwargs, out_val=out))
+    except AssertionError:
+        return int(count(*_broadcast_heads(args), **kwargs, out_val=_broadcast_heads(out)))
+
+
 def _first_tensor(args) -> torch.Tensor | None:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -49,7 +73,7 @@ class GemmCensus(TorchDispatchMode):
         # addmm / baddbmm: the accumulator comes first; the product's operands decide the unit that runs it
         operand = _first_tensor(args[1:] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else args)
         if count is not None and operand is not None:
-            self.flops[operand.dtype] += int(count(*args, **kwargs, out_val=out))
+            self.flops[operand.dtype] += _flops(count, args, kwargs, out)
             key = (func._overloadpacket.__name__, *(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
             self.shapes.setdefault(operand.dtype, Counter())[key] += 1
         return out

@@ -135,6 +135,27 @@ def test_training_attention_is_the_fused_causal_kernel_at_2048(objective):
         assert float((grads[name] - g).norm() / g.norm()) < 1e-4, name
 
 
+def test_census_counts_a_gqa_attention_where_torchs_formula_asserts_equal_heads():
+    """torch 2.11's attention FLOP formula asserts equal query / key / value heads (it failed this file's
+    CUDA test on an H100 on a GQA call): the census then counts the call with the key / value heads
+    broadcast, the FLOPs torch 2.13's GQA-aware formula gives."""
+    from torch.utils.flop_counter import flop_registry
+
+    from rpt.gemm_census import _flops
+
+    formula = flop_registry[torch.ops.aten._scaled_dot_product_efficient_attention]
+
+    def equal_heads_only(q, k, v, *args, **kwargs):  # torch 2.11's behaviour
+        assert q.shape[1] == k.shape[1] == v.shape[1], "query/key/value shapes are incompatible"
+        return formula(q, k, v, *args, **kwargs)
+
+    q, k, v = (torch.empty(4, h, 256, 64, device="meta") for h in (2, 1, 1))
+    out = (torch.empty(4, 2, 256, 64, device="meta"),)
+    want = formula(q, k, v, out_val=out)
+    assert want == 4 * 2 * 256 * 256 * 64 * 2 * 2  # q k^T and p v over every query head
+    assert _flops(equal_heads_only, (q, k, v), {}, out) == want
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bf16_steps_fused_and_compiled_equal_eager():
