@@ -38,6 +38,7 @@ row has settled a column, and gets the rows back, with the call already made, at
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable
@@ -509,11 +510,15 @@ class Decoder:
                     self.model_call(block, pattern, m), s.pending_for(pattern.layout))
         return block
 
+    @functools.cached_property
+    def _full_block(self) -> _Block:
+        return _Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
+
     def full_block(self) -> _Block:
         """The compiled common step's block at every column: ``x_n``, its NTP logits, and a PTP chain per
         lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that one graph
         serves the whole decode."""
-        return _Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
+        return self._full_block
 
     def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
         """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
