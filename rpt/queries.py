@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rpt.compile_guard import guarded
 from rpt.kv_cache import PositionKVCache, sliding_window_of
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -165,7 +166,9 @@ class ModelQueries:
         self._neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.takes_offsets = hasattr(model, "offset_embedding")
         self.compile_max_queries = compile_max_queries if compile else 0
-        self._compiled = torch.compile(self._step, dynamic=False, backend=compile_backend) if compile else None
+        # a failure while compiling or running it raises CompileFailure: generate decodes eagerly instead
+        self._compiled = (guarded(torch.compile(self._step, dynamic=False, backend=compile_backend))
+                          if compile else None)
         self.calls = 0
 
     def mask(self, vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:

@@ -24,7 +24,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
-from rpt.sampling import SamplingConfig, compiled_ntp, compiled_rpt, generate, generate_reference
+from rpt.sampling import (
+    SamplingConfig,
+    compiled_ntp,
+    compiled_rpt,
+    generate,
+    generate_reference,
+    step_compile,
+)
 from rpt.sampling.decode_buffers import pooled, release_decode_buffers
 from tests.test_decoder import V
 
@@ -138,13 +145,25 @@ def per_step_work(model, work: HostWork, rpt_iters: int, batch: int) -> tuple[fl
 
 
 @pytest.mark.parametrize("rpt_iters", [0, 1])
-def test_host_work_per_compiled_step_is_small_and_independent_of_depth_and_batch(models, host_work, rpt_iters):
+def test_host_work_per_compiled_step_is_small_and_independent_of_depth_and_batch(models, host_work, monkeypatch,
+                                                                                   rpt_iters):
     """At most 20 operations and one transfer per step outside the compiled step, the same at 2 and 8
-    layers and at batch 1 and 16 (7-18 s on a quiet machine: four traces of the step)."""
+    layers and at batch 1 and 16 (7-18 s on a quiet machine: four traces of the step); with 8 steps
+    queued per read (CUDA's setting, given a CPU entry), NTP and RPT read the host once per 8 steps, and
+    RPT at most 0.25 times per new token over a whole 64-token decode (the prompt's reading, the
+    prefill, the hand-over at its last column and the read-out included)."""
     per_step = {(layers, batch): per_step_work(models[layers], host_work, rpt_iters, batch)
                 for layers in (2, 8) for batch in (1, 16)}
     assert all(ops <= MAX_OPS_PER_STEP and transfers <= 1 for ops, transfers in per_step.values()), per_step
     assert len(set(per_step.values())) == 1, per_step
+    # the CUDA path (several steps queued per read) given a CPU entry: the graphs above serve it
+    monkeypatch.setitem(step_compile.STEPS_PER_TRANSFER, "cpu", 8)
+    ops, transfers = per_step_work(models[2], host_work, rpt_iters, 1)
+    ids, mask = ragged(1, seed=1)
+    cfg = SamplingConfig(max_new_tokens=64, rpt_iters=rpt_iters, rpt_window=2, confidence=1.0, eos_token_id=[])
+    whole = count(models[2], ids, mask, cfg, host_work)[1] / 64  # every read of a decode, per new token
+    assert transfers <= 1 / 8, (ops, transfers)
+    assert rpt_iters == 0 or whole <= 0.25, whole  # RPT: 16 reads, 8 of them the queued steps' flags
 
 
 def test_the_counters_see_host_work(models, host_work):

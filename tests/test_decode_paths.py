@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rpt.sampling import SamplingConfig, generate, generate_reference, ntp_path
+from rpt.sampling import SamplingConfig, generate, generate_reference, step_compile
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model
 
@@ -42,7 +42,7 @@ def test_several_compiled_steps_per_read_equal_eager_and_reference(model, monkey
     finish reasons, and about one read per run of steps."""
     rng = random.Random(case)
     per_read = rng.choice([3, 5])
-    monkeypatch.setitem(ntp_path.STEPS_PER_TRANSFER, "cpu", per_read)
+    monkeypatch.setitem(step_compile.STEPS_PER_TRANSFER, "cpu", per_read)
     ids, mask = prompts(3, lengths=rng.choice([(9, 5, 7), (6, 6, 6)]), seed=40 + case)
     new = rng.choice([11, 17])
     free = random_config(random.Random(case), max_new_tokens=new, eos_token_id=[])
@@ -88,7 +88,7 @@ def test_flex_attention_gives_sdpas_tokens_on_every_path(monkeypatch, path):
     flex's own kernel, which must have run there (slow: flex compiles its CPU kernel per cache length,
     about a minute). float32: flex attention on the CPU takes no float64."""
     knobs, compile, per_read = PATHS[path]
-    monkeypatch.setitem(ntp_path.STEPS_PER_TRANSFER, "cpu", per_read)
+    monkeypatch.setitem(step_compile.STEPS_PER_TRANSFER, "cpu", per_read)
     flex_calls = []
     real = ALL_ATTENTION_FUNCTIONS["flex_attention"]
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flex_attention",
@@ -123,7 +123,7 @@ def check_compiled_case(windows, monkeypatch, case: int) -> None:
     knobs = knob_space(rng)
     if case % 2:
         knobs["rpt_iters"] = 0
-        monkeypatch.setitem(ntp_path.STEPS_PER_TRANSFER, "cpu", 3)
+        monkeypatch.setitem(step_compile.STEPS_PER_TRANSFER, "cpu", 3)
     cfg = SamplingConfig(**{**knobs, "max_new_tokens": 12})
     ids, mask = prompts(3, lengths=tuple(rng.randint(3, 9) for _ in range(3)), seed=case)
     model = windows[cfg.rpt_window]

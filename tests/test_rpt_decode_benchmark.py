@@ -36,11 +36,15 @@ def test_bare_calls_decode_what_the_decoder_decodes():
 def test_script_reports_ratios_calls_and_ceiling():
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--new-tokens", "6", "--prompt-tokens", "8", "--repeats", "1", "--batch", "2"],
+        [sys.executable, str(SCRIPT), "--new-tokens", "6", "--prompt-tokens", "8", "--repeats", "1", "--batch", "2",
+         "--corrections", "0.5"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
+    rows = [line for line in lines if "tokens/s   calls/new token" in line]
+    assert len(rows) == 3 and rows[-1].startswith("rpt eta=")  # NTP, RPT, RPT where about half the sweeps accept
+    assert all(" first call " in row and "FELL BACK" not in row for row in rows)
 
     def value(prefix: str) -> float:
         line = next(line for line in lines if line.startswith(prefix))
@@ -64,3 +68,20 @@ def test_host_overhead_script_runs_sampled_decodes():
     assert all(row[f"{name}_total"] > 0 for name in ("ntp", "rpt", "hf"))
     assert 0.9 < row["rpt_calls_per_token"] < 3
     assert 0 <= row["rpt_corrections_per_token"] <= 1  # at most one accepted correction per position (k = 1, w = 2)
+
+
+def test_tail_script_compiles_the_rpt_step_tail_at_every_batch(capsys):
+    """``benchmarks/rpt_tail_compile.py`` on the CPU (V = 512, ``aot_eager``): the RPT step's sampling tail
+    (w = 3, LZ + repetition penalties), compiled at batch 1 and 2, equals the eager tail on every buffer;
+    the script reports each case and exits 0 (the GPU pass runs it at V = 128256, bf16, batch 1-16)."""
+    tail = load_script("benchmarks/rpt_tail_compile.py")
+    argv = ["rpt_tail_compile.py", "--device", "cpu", "--vocab", "512", "--backend", "aot_eager", "--batches", "1", "2",
+            "--configs", "penalties", "--window", "3", "--repeats", "1"]
+    import unittest.mock
+
+    with unittest.mock.patch.object(sys, "argv", argv):
+        assert tail.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    cases = [line for line in lines if " B=" in line]
+    assert len(cases) == 2 and all("equal to eager: True" in line for line in cases), lines
+    assert lines[-1] == "0 of 2 cases failed"

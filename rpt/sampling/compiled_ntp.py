@@ -27,6 +27,7 @@ import torch
 from rpt.queries import Visibility
 from rpt.sampling.contexts import RotatedContexts
 from rpt.sampling.decode_state import DecodeState
+from rpt.sampling.processors import caches_at_first_use
 from rpt.sampling.proposals import nonfinite
 from rpt.sampling.step_compile import compile_step
 
@@ -57,9 +58,10 @@ def ntp_step(s: DecodeState, config, queries) -> None:
     """Feed every row's token at the state's column n, write its token for n + 1, advance n: in place."""
     n = s.n
     column = n.view(1)
+    # the rows' pads even where none is padded (zeros: the same mask), so that one graph serves both
     positions = (n - s.pads).clamp(min=0)[:, None]  # each row's position of column n
     logits = queries.whole_cache_step(s.seqs.index_select(1, column), positions, column,
-                                      Visibility(column, s.start_cols, column))[:, 0]
+                                      Visibility(column, s.pads, column))[:, 0]
     s.bad |= nonfinite(logits) & ~s.done  # a finished row's logits (of its pad id) are never used
     token = propose_fixed(config, s.seeds, s.seqs, logits, n, s.prompt, s.pads)[:, 0]
     settle(s, token, n)
@@ -77,9 +79,10 @@ class CompiledNTPStep:
     @staticmethod
     def warm(s: DecodeState, config, logits: torch.Tensor) -> None:
         """One eager proposal (on a copy of the prefill's logits ``[batch, V]``, result unused), once per
-        decode: the processors fill their module-level caches (the LZ cost tables) on first use, and a
-        cache filled while tracing changes a global that dynamo guards, so the next call would re-trace."""
-        propose_fixed(config, s.seeds, s.seqs, logits.clone(), s.n, s.prompt, s.pads)
+        decode, where a processor fills a module-level cache on first use (the LZ cost tables): a cache
+        filled while tracing changes a global that dynamo guards, so the next call would re-trace."""
+        if caches_at_first_use(config):
+            propose_fixed(config, s.seeds, s.seqs, logits.clone(), s.n, s.prompt, s.pads)
 
     def __call__(self, s: DecodeState, config, queries) -> None:
         with queries.whole_cache_calls():

@@ -40,6 +40,9 @@ class DecodeBuffers:
     state: DecodeState
     steps: dict = field(default_factory=dict)  # name -> compiled step (compiled_ntp / compiled_rpt)
     lent: bool = False
+    # why a compiled decode on these buffers failed (rpt.compile_guard.describe): the later decodes of the
+    # bucket run eagerly at once instead of compiling (and failing) again, each with the warning
+    failure: str | None = None
 
 
 def buffers_key(batch: int, capacity: int, window: int, ntp_draws: int, eos_count: int, backend) -> tuple:

@@ -130,12 +130,16 @@ class DecodeState:
         tensor inside a compiled step); ``pattern``: the block's device tensors (``src``, ``write``,
         ``limit``, ``since``, ``offsets``)."""
         src = pattern.src + n
-        if self.ragged:
+        if not isinstance(n, int) or self.ragged:  # (ragged not read while tracing: no guard on it)
+            # inside a compiled step always (zero pads give the same positions and mask), so that one
+            # graph serves padded and unpadded batches: raggedness is a Python bool, which dynamo would
+            # specialise on (a graph per kind of batch)
             positions = (src[None] - self.pads[:, None]).clamp(min=0)
-        else:  # no left padding: positions are columns
-            positions = src[None].expand(ids.shape[0], -1)
+            start = self.pads
+        else:  # no left padding: positions are columns, every column from 0 visible
+            positions, start = src[None].expand(ids.shape[0], -1), None
         offsets = None if pattern.offsets is None else pattern.offsets.expand_as(ids)
-        return positions, pattern.write + n, Visibility(pattern.limit + n, self.start_cols, pattern.since + n), offsets
+        return positions, pattern.write + n, Visibility(pattern.limit + n, start, pattern.since + n), offsets
 
     def pending_for(self, layout: ProposalLayout) -> torch.Tensor:
         """The buffer a call's proposals in ``layout`` are written to (allocated at its first use)."""

@@ -38,13 +38,16 @@ row has settled a column, and gets the rows back, with the call already made, at
 
 from __future__ import annotations
 
+import functools
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
+from rpt.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
 from rpt.kv_cache import sliding_window_of
 from rpt.queries import ModelQueries, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
@@ -61,6 +64,7 @@ from rpt.sampling.healing import TokenHealingLogitsProcessor
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals, ntp_draws, raise_nonfinite
+from rpt.sampling.streaming import ReplayGuard
 
 WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
@@ -151,6 +155,12 @@ class _Block:
                 out.append(_Query(m - lag + 1, first + m, -lag - 1, first, m + 1))
         return out
 
+    def covers(self, other: _Block) -> bool:
+        """Whether this block's call answers everything ``other``'s would: the same NTP queries (and the
+        logits at n wherever ``other`` keeps them), a chain for each of its lags."""
+        return (self.region == other.region and self.keep_prev == other.keep_prev
+                and self.keep_top >= other.keep_top and set(other.lags) <= set(self.lags))
+
     def keep(self) -> list[int]:
         """Query indices whose logits are needed, in slot order: top, prev, then each chain's last."""
         keep = ([self.region - 1] if self.keep_top else []) + ([self.region - 2] if self.keep_prev else [])
@@ -168,7 +178,7 @@ class _MadeCall:
 
     n: int
     block: _Block
-    vals: torch.Tensor  # its proposals, on the device, in the block's ProposalLayout
+    vals: list[list[int]]  # its proposals, per row, in the block's ProposalLayout (read with the hand-over)
 
 
 class _Pattern:
@@ -186,8 +196,8 @@ class _Pattern:
             torch.tensor(keep, dtype=torch.long, device=device)
         self.scratch = q - block.region
         self.layout = ProposalLayout(draws, block.keep_top, block.keep_prev, block.lags)
-        if static:
-            for t in (self.src, self.write, self.limit, self.since, self.keep):
+        if static:  # every tensor a graph-replayed step reads keeps one address (no copy per replay)
+            for t in (self.src, self.write, self.limit, self.since, self.offsets, self.keep):
                 if isinstance(t, torch.Tensor):
                     torch._dynamo.mark_static_address(t)
 
@@ -222,7 +232,9 @@ class Decoder:
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
         self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
-        self._rpt_warm = False  # whether this decode ran the compiled RPT step's eager first step
+        self._rpt_warm = False  # whether this decode warmed the compiled RPT step (CompiledRPTStep.warm)
+        self.steps_past_events = 0  # compiled RPT steps queued after an event (they repeated its column)
+        self.queue_depth = 1 << 30  # compiled RPT steps to queue per read (rpt_path: capped per device)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
@@ -247,6 +259,14 @@ class Decoder:
             return DecodeBuffers(queries, DecodeState.allocate(batch, capacity, draws, eos, self.device, static=True))
 
         self._lent, _ = borrow(model, key, build)
+        if self._lent.failure is not None:  # an earlier decode of this bucket failed to compile
+            failure, self._lent = self._lent.failure, give_back(self._lent)
+            raise CompileFailure(failure)
+        return self._lent
+
+    @property
+    def lent(self) -> DecodeBuffers | None:
+        """The pool's entry this decode borrowed (None: an eager decode, or given back)."""
         return self._lent
 
     def close(self) -> None:
@@ -417,8 +437,9 @@ class Decoder:
         pending, self.pending = self.pending, None
         self.apply_writes()  # host-to-device copies first, while the device is idle
         pattern = self.pattern(block)
-        if pending is not None and (pending.n, pending.block) == (n, block):  # rpt_path made this call already
-            vals = pending.vals.tolist()
+        if pending is not None and pending.n == n and pending.block.covers(block):  # rpt_path made this call
+            block, pattern = pending.block, self.pattern(pending.block)  # (with every lag of the window, compiled)
+            vals = pending.vals
         else:
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
             vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
@@ -427,28 +448,37 @@ class Decoder:
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
     # ---- the common steps of the batch-flat paths (rpt_path, ntp_path) ------------------------------
-    def flat_start(self, n: int) -> None:
+    def flat_start(self, n: int) -> bool:
         """Where the batch-flat RPT path starts at column n (every live row has settled n): the rows'
         writes applied, and into the state which rows are live, their proposals for n + 1 (a finished
-        row's: pad ids) and the step's column n + 1."""
+        row's: pad ids) and the step's column n + 1. Returns whether every live row ends at n + 1 with
+        its proposal (EOS, or its budget's last column), from the host's lists: no read."""
         self.apply_writes()
+        self.state.flags.zero_()  # the steps accumulate NaN rows and events until a read
+        self.state.bad.zero_()
         live = [s.requests is not None for s in self.slots]
         finished = [self.pad_id] * self.proposer.ntp_draws
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
         self.state.alive.copy_(self.to_device(live).bool())
         self.state.draws.copy_(self.to_device(draws))
         self.state.n.fill_(n + 1)
+        eos = set(self.config.eos_token_ids)
+        return all(d[0] in eos or self.W - 1 + self.budgets[b] <= n + 1 for b, (d, on) in enumerate(zip(draws, live))
+                   if on)
 
     def hand_over(self, m: int, block: _Block | None = None) -> None:
         """Take every live row back from the batch-flat path at column m (:meth:`_Slot.resume`), with its
         proposals for m (the state's ``draws``); ``block``: the call the path made at m, if it made one,
         whose proposals wait in the state (:attr:`pending`, which the per-row round at m reuses)."""
         s = self.state
-        seqs, draws = s.seqs[:, :m].tolist(), s.draws.tolist()
+        parts = [s.seqs[:, :m], s.draws] + ([] if block is None else [s.pending_for(self.pattern(block).layout)])
+        host = torch.cat(parts, 1).tolist()  # one transfer
+        end = m + s.draws.shape[1]  # each host row: the layout before m, the draws, the call's proposals
         for slot in self.slots:
             if slot.requests is not None:
-                slot.resume(seqs[slot.index], m, self.plan, draws[slot.index])
-        self.pending = None if block is None else _MadeCall(m, block, s.pending_for(self.pattern(block).layout))
+                row = host[slot.index]
+                slot.resume(row[:m], m, self.plan, row[m:end])
+        self.pending = None if block is None else _MadeCall(m, block, [row[end:] for row in host])
 
     def common_block(self, n: int) -> _Block:
         """The block of a common step at column n: every row's ``x_n`` and one PTP chain per lag of the
@@ -458,21 +488,37 @@ class Decoder:
 
     def common_step(self, m: int) -> _Block:
         """RPT's common step at column m (:func:`~rpt.sampling.common_step.common_step`), in place on the
-        state; compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers) for
-        ``W < m < last`` when the decode compiles. Returns the call's block."""
-        block = self.common_block(m)
-        pattern, s = self.pattern(block), self.state
-        final_draw = self.proposer.ntp_draws > 1 and m > self.W  # sampled: x_m's redraw after the sweep
-        if self.compile_backend is not None and self.W < m < self.last:
+        state. Compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers), it
+        carries every lag of the window at every column (:meth:`full_block`) and reads its column from
+        the state, not from m. Returns the call's block."""
+        s = self.state
+        if self.compile_backend is not None:
+            block = self.full_block()
+            pattern = self.pattern(block)
             step = self.buffers.steps.get("rpt")
             if step is None:
                 step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
-            step(s, self.config, self.queries, pattern, block.lags, final_draw, not self._rpt_warm)
-            self._rpt_warm = True
+            if not self._rpt_warm:
+                step.warm(s, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
+                          self.queries.dtype)
+                self._rpt_warm = True
+            step(s, self.config, self.queries, pattern)
             return block
-        common_step(s, self.config, m, pattern, block.lags, final_draw, GrowingContexts(self.proposer, s.seqs),
+        block = self.common_block(m)
+        pattern = self.pattern(block)
+        common_step(s, self.config, m, pattern, GrowingContexts(self.proposer, s.seqs),
                     self.model_call(block, pattern, m), s.pending_for(pattern.layout))
         return block
+
+    @functools.cached_property
+    def _full_block(self) -> _Block:
+        return _Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
+
+    def full_block(self) -> _Block:
+        """The compiled common step's block at every column: ``x_n``, its NTP logits, and a PTP chain per
+        lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that one graph
+        serves the whole decode."""
+        return self._full_block
 
     def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
         """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
@@ -513,7 +559,11 @@ class Decoder:
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
         rows = [s.row for s in self.slots]
-        stats = {"forward_passes": self.queries.calls, "corrections": sum(r.corrections for r in rows)}
+        # forward passes the algorithm made; the steps queued past an event ran the model for nothing
+        stats = {"forward_passes": self.queries.calls - self.steps_past_events,
+                 "corrections": sum(r.corrections for r in rows)}
+        if self.steps_past_events:
+            stats["steps_past_events"] = self.steps_past_events
         return assemble(self.input_ids, self.prompts, [r.generated for r in rows], [r.reason for r in rows],
                         self.pad_id, stats, self.start, healed=self.config.token_healing, seeds=self.seeds)
 
@@ -547,7 +597,7 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
             pooled per capacity bucket, :mod:`rpt.sampling.decode_buffers`); a string (or a callable)
             names the backend. On a CUDA device with inductor the batch-flat steps replay from CUDA
             graphs (:mod:`rpt.sampling.step_compile`) and plain NTP reads the host once per
-            :data:`~rpt.sampling.ntp_path.STEPS_PER_TRANSFER` steps.
+            :func:`~rpt.sampling.step_compile.steps_per_read` steps.
 
     Returns:
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
@@ -559,13 +609,46 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
             start = time.perf_counter()
             inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            decoder = Decoder(model, inputs, input_ids, streamer, start, compile)
-            try:
-                out = decoder.run()
-            finally:
-                decoder.close()
+            out = _decode(model, inputs, input_ids, streamer, start, compile)
         out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
         return out
     finally:
         if checks is not None:
             model.check_offsets = checks
+
+
+def _run(decoder: Decoder) -> GenerateOutput:
+    try:
+        return decoder.run()
+    finally:
+        decoder.close()
+
+
+def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
+            compile: bool | str | Callable) -> GenerateOutput:
+    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.compile_guard`)
+    is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
+    strict mode the failure is raised)."""
+    if not compile:
+        return _run(Decoder(model, inputs, input_ids, streamer, start, compile))
+    watched = None if streamer is None else ReplayGuard(streamer)
+    try:
+        with failing_at_recompile_limit():
+            decoder = Decoder(model, inputs, input_ids, watched, start, compile)
+            try:
+                return decoder.run()
+            except CompileFailure as failure:
+                if decoder.lent is not None and decoder.lent.failure is None:
+                    decoder.lent.failure = str(failure)  # the bucket's later decodes run eagerly at once
+                raise
+            finally:
+                decoder.close()
+    except CompileFailure as failure:
+        if strict():
+            raise
+        reason = str(failure)
+    warnings.warn(f"generate(compile={compile!r}) could not run compiled ({reason}); this decode ran eagerly "
+                  f"(set {STRICT_ENV}=1 to raise instead)", RuntimeWarning, stacklevel=4)
+    out = _run(Decoder(model, inputs, input_ids, None if watched is None else watched.restarted(), start, False))
+    out.stats["compile_fallback"] = reason
+    return out

@@ -9,7 +9,8 @@ and a step is a fixed run of tensor operations around one model call: propose (t
 :class:`~rpt.sampling.proposals.Proposer`, the same position-keyed draws), write the token, mark
 rows that produced an EOS or reached their budget, all written into the decode state in place
 (:class:`~rpt.sampling.decode_state.DecodeState`), and one device-to-host transfer (NaN logits and
-whether every row is done) per step -- per :data:`STEPS_PER_TRANSFER` compiled steps on CUDA. A
+whether every row is done) per step -- per several compiled steps on CUDA
+(:func:`~rpt.sampling.step_compile.steps_per_read`). A
 finished row is fed its pad id until the others finish, as in Hugging Face ``generate``.
 
 It covers what needs no per-row Python: no stop strings (they decode text), no token healing
@@ -24,12 +25,7 @@ import torch
 from rpt.sampling.compiled_ntp import settle
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposals import nonfinite, raise_nonfinite
-
-# compiled steps run between two reads of the flags, per device type (1 elsewhere): on CUDA the host
-# queues several graph replays while the device runs them, as gpt-fast and vLLM do; a row that
-# finishes inside the run is fed its pad id on the device. On the CPU a read costs nothing extra (the
-# host runs every kernel itself) and a step past every row's end would be wasted.
-STEPS_PER_TRANSFER = {"cuda": 8}
+from rpt.sampling.step_compile import STEPS_PER_TRANSFER, steps_per_read  # noqa: F401 -- the table, also here
 
 
 def eligible(decoder) -> bool:
@@ -58,7 +54,7 @@ def run(d) -> GenerateOutput:
     _eager_step(d, logits, n)
     n += 1
     s.n.fill_(n)
-    per_read = STEPS_PER_TRANSFER.get(d.device.type, 1) if step is not None else 1
+    per_read = steps_per_read(d.device) if step is not None else 1
     while True:
         error, finished = s.flags.tolist()  # the one transfer of the steps since the last
         if error:

@@ -125,6 +125,13 @@ def warper_processors(config: SamplingConfig) -> LogitsProcessorList:
     return procs
 
 
+def caches_at_first_use(config: SamplingConfig) -> bool:
+    """Whether a processor of ``config`` fills a module-level cache at its first use (the LZ penalty's
+    cost tables, :func:`rpt.sampling.lz.cost_table`): a compiled step must then run its proposals once
+    eagerly before tracing them (a cache filled while tracing changes a global dynamo guards on)."""
+    return config.lz_penalty != 0
+
+
 def build_logits_processors(
     config: SamplingConfig,
     prompt_length: Columns = 0,

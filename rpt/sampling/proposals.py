@@ -18,6 +18,8 @@ correction can never break the re-spelled prompt text).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -76,9 +78,12 @@ def greedy_acceptance(scores: torch.Tensor, confidence: float) -> tuple[torch.Te
     wider; half precision is promoted first, as :func:`_probs` does)."""
     tokens = first_argmax(scores)
     s = scores if scores.dtype.itemsize >= 4 else scores.float()
-    top = s.gather(-1, tokens[:, None])
-    # the argmax's probability is exp(0) / sum(exp(s - top)); in place, because a fresh [batch, V]
-    # softmax buffer per lag per step is what grows the CPU's host time with the batch (RESULTS.md)
+    # the argmax's score is the row maximum: amax, not a gather at the argmax (inductor's CUDA
+    # scheduler asserted in can_fuse_horizontal on argmax -> gather -> exp -> sum over bf16 logits
+    # at batch 1, on an H100: benchmarks/rpt_tail_compile.py)
+    top = s.amax(-1, keepdim=True)
+    # its probability is exp(0) / sum(exp(s - top)); in place, because a fresh [batch, V] softmax
+    # buffer per lag per step is what grows the CPU's host time with the batch (RESULTS.md)
     return tokens, s.sub_(top).exp_().sum(-1).reciprocal() > confidence
 
 
@@ -133,30 +138,63 @@ class Proposer:
         return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
 
 
-def block_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tensor | None, layout: ProposalLayout,
-                    its: torch.Tensor | None) -> torch.Tensor:
-    """Every proposal of a decoder call at column n, ``[batch, layout.width]`` int64 in ``layout``'s
-    columns: whether the row's logits hold NaN / inf; with ``keep_top`` the NTP draws for column n + 1
-    over ``x_{<= n}`` (``x_n = fed`` where given); with ``keep_prev`` those for n over ``x_{< n}``; per
-    lag l, the PTP ``(token, accepted)`` for ``x_{n-l}`` over ``x_{< n-l}``, keyed by iteration ``its[i]``.
+@dataclass
+class CallProposals:
+    """Every proposal of one decoder call, unpacked (:func:`call_proposals`): the common step reads its
+    parts as ``[batch]`` tensors (:mod:`rpt.sampling.step_events`), the host their packed columns."""
+
+    bad: torch.Tensor  # [batch] bool: the row's logits hold NaN / inf
+    top: torch.Tensor | None  # [batch, draws]: NTP draws for column n + 1 (keep_top)
+    prev: torch.Tensor | None  # [batch, draws]: NTP draws for column n (keep_prev)
+    chains: list[tuple[torch.Tensor, torch.Tensor]]  # per lag: PTP (tokens [batch], accepted [batch] bool)
+
+    def packed(self, layout: ProposalLayout) -> torch.Tensor:
+        """``[batch, layout.width]`` int64 in ``layout``'s columns: the call's one transfer to the host."""
+        parts = [self.bad[:, None].long()] + [p for p in (self.top, self.prev) if p is not None]
+        for tokens, accepted in self.chains:
+            parts += [tokens[:, None], accepted[:, None].long()]
+        vals = torch.cat(parts, dim=1)
+        if vals.shape[1] != layout.width:  # a shape, known while tracing: no synchronisation
+            raise AssertionError(f"proposals of width {vals.shape[1]} for {layout}")
+        return vals
+
+
+def call_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tensor | None, layout: ProposalLayout,
+                   its: torch.Tensor | None, valid: list[torch.Tensor] | None = None) -> CallProposals:
+    """Every proposal of a decoder call at column n: whether the row's logits hold NaN / inf; with
+    ``keep_top`` the NTP draws for column n + 1 over ``x_{<= n}`` (``x_n = fed`` where given); with
+    ``keep_prev`` those for n over ``x_{< n}``; per lag l, the PTP ``(token, accepted)`` for ``x_{n-l}``
+    over ``x_{< n-l}``, keyed by iteration ``its[i]``.
 
     ``logits``: ``[batch, K, V]``, one query per proposal kind in that order; ``position``: each row's
     position of column n; ``contexts``: :class:`~rpt.sampling.contexts.GrowingContexts` (eager) or
-    :class:`~rpt.sampling.contexts.RotatedContexts` (fixed width, inside ``torch.compile``)."""
-    out, at = [nonfinite(logits)[:, None].long()], 0
+    :class:`~rpt.sampling.contexts.RotatedContexts` (fixed width, inside ``torch.compile``); ``valid``:
+    per lag, ``[batch]`` bool, whether ``x_{n-l}`` is a generated token (None: all are), where a chain
+    reaching into the prompt is computed only to keep one graph for every column: its logits are not
+    checked for NaN (its proposals are never read)."""
+    # per query, before any processor edits the logits in place: [batch, K] (amax propagates NaN)
+    finite = torch.isfinite(logits.amax(-1))
+    ntp = int(layout.keep_top) + int(layout.keep_prev)  # the NTP queries come first, then one per lag
+    flags = [~finite[:, q] for q in range(ntp)]
+    flags += [~finite[:, ntp + i] if valid is None else ~finite[:, ntp + i] & valid[i] for i in range(len(layout.lags))]
+    bad = flags[0]
+    for flag in flags[1:]:  # [batch] ORs: no small reduction over the query axis
+        bad = bad | flag
+    top = prev = None
     if layout.keep_top:
         proposer, context = contexts.upto(n, fed)
-        out.append(proposer.ntp(context, logits[:, at], position + 1))
-        at += 1
+        top = proposer.ntp(context, logits[:, 0], position + 1)
     if layout.keep_prev:
         proposer, context = contexts.upto(n - 1)
-        out.append(proposer.ntp(context, logits[:, at], position))
-        at += 1
+        prev = proposer.ntp(context, logits[:, ntp - 1], position)
+    chains = []
     for i, lag in enumerate(layout.lags):
         proposer, context = contexts.upto(n - lag - 1)
-        tokens, accepted = proposer.ptp(context, logits[:, at + i], position, None if its is None else its[i], lag)
-        out += [tokens[:, None], accepted[:, None].long()]
-    vals = torch.cat(out, dim=1)
-    if vals.shape[1] != layout.width:  # a shape, known while tracing: no synchronisation
-        raise AssertionError(f"proposals of width {vals.shape[1]} for {layout}")
-    return vals
+        chains.append(proposer.ptp(context, logits[:, ntp + i], position, None if its is None else its[i], lag))
+    return CallProposals(bad, top, prev, chains)
+
+
+def block_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tensor | None, layout: ProposalLayout,
+                    its: torch.Tensor | None) -> torch.Tensor:
+    """:func:`call_proposals` packed: ``[batch, layout.width]`` int64 in ``layout``'s columns."""
+    return call_proposals(contexts, logits, n, position, fed, layout, its).packed(layout)

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import raise_nonfinite
+from rpt.sampling.step_compile import steps_per_read
 
 
 def eligible(decoder) -> bool:
@@ -50,27 +50,34 @@ def run(d, n: int) -> int:
 
     The rows' state lives in ``d.state`` (:class:`~rpt.sampling.decode_state.DecodeState`): which rows
     are live, their proposals for the step's column, the step's column, the layout; each step
-    (:meth:`~rpt.sampling.fast_decoder.Decoder.common_step`) updates it in place."""
+    (:meth:`~rpt.sampling.fast_decoder.Decoder.common_step`) updates it in place. Compiled, several
+    steps run between two reads of the flags (:func:`~rpt.sampling.step_compile.steps_per_read`): a
+    step that hits an event commits nothing, so those queued after it repeat its column, and the
+    event's column is read from the state."""
     s = d.state
-    d.flat_start(n)
+    nobody_goes_on = d.flat_start(n)
     m = n + 1
+    # at the first position (no window yet) the per-row driver makes no call when every live row ends
+    # there with its proposal, so neither may this
+    if m == d.W and nobody_goes_on:
+        s.write_column(m, torch.where(s.alive, s.draws[:, 0], s.column(m)))
+        d.hand_over(m)
+        return m
+    most = steps_per_read(d.device) if d.compile_backend is not None else 1
     while True:
-        if m == d.W and _nobody_goes_on(s, m):
-            s.write_column(m, torch.where(s.alive, s.draws[:, 0], s.column(m)))
-            d.hand_over(m)
-            return m
-        block = d.common_step(m)
-        bad, stop = s.flags.tolist()  # the step's one transfer
+        # the queue's depth halves at each event and doubles after each read without one (up to
+        # `most`): rare events cost few reads, frequent ones (corrections) few steps queued past them
+        steps = min(d.queue_depth, most, d.last - m + 1)  # every live row stops at the last column at the latest
+        for i in range(steps):
+            block = d.common_step(m + i)
+        bad, stop = s.flags.tolist()  # the one transfer of the steps since the last
         if bad:
-            vals = s.pending_for(d.pattern(block).layout)
-            raise_nonfinite((vals[:, ProposalLayout.flag].bool() & s.alive).nonzero()[:, 0].tolist())
+            raise_nonfinite(s.bad.nonzero()[:, 0].tolist())
         if stop:
-            d.hand_over(m, block)
-            return m
-        m += 1
-
-
-def _nobody_goes_on(s, m: int) -> bool:
-    """At the first position (no window yet): whether every live row ends at m with its proposal, where
-    the per-row driver makes no call, so neither may this (a host read, at the first position only)."""
-    return not bool((s.alive & ~s.ends_at(s.draws[:, 0], m)).any())
+            event = int(s.n) if steps > 1 else m  # the event's column (a second read, at events only)
+            d.steps_past_events += m + steps - 1 - event  # queued after it: they repeated its column
+            d.queue_depth = max(1, steps // 2)
+            d.hand_over(event, block)
+            return event
+        m += steps
+        d.queue_depth = min(2 * d.queue_depth, most)

@@ -22,6 +22,21 @@ from collections.abc import Callable
 
 import torch
 
+from rpt.compile_guard import guarded
+
+# compiled steps run between two reads of the flags, per device type (1 elsewhere): on CUDA the host
+# queues several graph replays while the device runs them, as gpt-fast and vLLM do (an NTP row that
+# finishes inside the run is fed its pad id on the device; an RPT step queued after an event repeats
+# its column and commits nothing). On the CPU a read costs nothing extra (the host runs every kernel
+# itself) and a step past an event or every row's end would be wasted; tests set a CPU entry to run
+# the CUDA path here.
+STEPS_PER_TRANSFER = {"cuda": 8}
+
+
+def steps_per_read(device: torch.device) -> int:
+    """Compiled steps the batch-flat paths run between two host reads of the flags on ``device``."""
+    return STEPS_PER_TRANSFER.get(device.type, 1)
+
 
 def graphs_on(device: torch.device, backend) -> bool:
     """Whether steps compiled with ``backend`` on ``device`` replay as CUDA graphs."""
@@ -29,7 +44,9 @@ def graphs_on(device: torch.device, backend) -> bool:
 
 
 def compile_step(fn: Callable, backend, device: torch.device) -> Callable:
-    """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor."""
+    """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor. Any
+    failure while it runs (tracing, compiling, capturing, replaying) raises
+    :class:`~rpt.compile_guard.CompileFailure`, on which ``generate`` decodes eagerly."""
     if graphs_on(device, backend):
-        return torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True)
-    return torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)
+        return guarded(torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True))
+    return guarded(torch.compile(fn, backend=backend, dynamic=False, fullgraph=True))

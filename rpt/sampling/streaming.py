@@ -88,3 +88,46 @@ class TextStream:
         self.file.write(text[self.printed:] + "\n")
         self.file.flush()
         self.printed = len(text)
+
+
+class ReplayGuard:
+    """A streamer seen by a decode that may be restarted (a compiled decode that falls back to eager,
+    :mod:`rpt.compile_guard`): it forwards everything and counts what it forwarded; :meth:`restarted`
+    gives the streamer for the rerun, which drops the prompt and the tokens the streamer already has
+    (the rerun decodes the same tokens: it starts from the same prompt with the same keyed draws)."""
+
+    def __init__(self, streamer):
+        self.streamer, self.puts, self.tokens, self.ended = streamer, 0, 0, False
+
+    def put(self, value) -> None:
+        if self.puts:  # the first put is the prompt
+            self.tokens += int(value.numel())
+        self.puts += 1
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        self.ended = True
+        self.streamer.end()
+
+    def restarted(self):
+        return _Skipping(self.streamer, self.puts > 0, self.tokens, self.ended)
+
+
+class _Skipping:
+    def __init__(self, streamer, prompt: bool, tokens: int, ended: bool):
+        self.streamer, self.prompt, self.tokens, self.ended = streamer, prompt, tokens, ended
+        self.seen_prompt = False
+
+    def put(self, value) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            if self.prompt:
+                return
+        skip = min(self.tokens, int(value.numel()))
+        self.tokens -= skip
+        if value.numel() > skip:
+            self.streamer.put(value.reshape(-1)[skip:])
+
+    def end(self) -> None:
+        if not self.ended:
+            self.streamer.end()

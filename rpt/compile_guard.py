@@ -1,0 +1,96 @@
+r"""Compile failures on the decode path, told apart from the decode's own errors, and the strict mode.
+
+A compiled decode (``generate(compile=True)``) can fail where no test on one machine reaches: an
+inductor assertion on another GPU or torch version (the RPT step crashed inductor's CUDA scheduler at
+batch 1 on an H100), dynamo's recompile limit over many batch shapes in one evaluation process, a
+CUDA graph that cannot be captured. Every ``torch.compile``'d callable of the decode runs through
+:func:`guarded`, which turns an exception raised while it runs (tracing, compiling, capturing or
+replaying) into a :class:`CompileFailure`; ``generate`` then restarts that decode eagerly from the
+prompt (the failed attempt may have mutated its buffers: warm-up and capture run the step in place),
+warns once, and records the failure in ``out.stats["compile_fallback"]``, so that a benchmark never
+reports eager numbers as compiled ones. A decode's own errors (NaN logits, bad inputs) are raised on
+the host, outside every guarded call, and pass through unchanged.
+
+**Strict mode** (``RPT_STRICT_COMPILE=1``, what the tests and ``make bench-gpu`` set): the failure is
+raised instead of falling back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import traceback
+from collections.abc import Callable, Iterator
+
+import torch
+
+STRICT_ENV = "RPT_STRICT_COMPILE"
+
+
+def strict() -> bool:
+    """Whether a compile failure raises (``RPT_STRICT_COMPILE`` set to anything but ``""`` or ``0``)."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def describe(error: BaseException) -> str:
+    """One line naming the torch version and the error: its type, the type, first line and place of the
+    error it wraps (dynamo and inductor wrap the backend's own: ``BackendCompilerFailed``,
+    ``InductorError``), e.g. ``torch 2.11.0: InductorError: AssertionError at
+    torch/_inductor/codegen/simd.py:2142 (can_fuse_horizontal)``."""
+    root, seen = error, {id(error)}
+    while True:
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        root = inner
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > 300:
+        text = text[:297] + "..."
+    where = ""
+    frames = traceback.extract_tb(root.__traceback__) if root.__traceback__ is not None else []
+    if frames:
+        last = frames[-1]
+        path = last.filename.replace(os.sep, "/")
+        path = path[path.rfind("torch/"):] if "torch/" in path else os.path.basename(path)
+        where = f" at {path}:{last.lineno} ({last.name})"
+    head = type(error).__name__ if root is error else f"{type(error).__name__}: {type(root).__name__}"
+    return f"torch {torch.__version__}: {head}{where}" + (f": {text}" if text else "")
+
+
+class CompileFailure(RuntimeError):
+    """A compiled callable of the decode failed (``error``, its cause); the message is :func:`describe`'s."""
+
+    def __init__(self, error: BaseException | str):
+        self.error = error if isinstance(error, BaseException) else None
+        super().__init__(describe(error) if isinstance(error, BaseException) else error)
+
+
+def guarded(fn: Callable) -> Callable:
+    """``fn`` (a compiled callable), raising :class:`CompileFailure` from whatever it raises."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CompileFailure:
+            raise
+        except Exception as error:  # noqa: BLE001 -- anything raised inside a compiled region is its failure
+            raise CompileFailure(error) from error
+
+    return call
+
+
+@contextlib.contextmanager
+def failing_at_recompile_limit() -> Iterator[None]:
+    """Dynamo raises ``FailOnRecompileLimitHit`` at its recompile limit instead of silently running the
+    frame eagerly from then on (a decode reported as compiled that is not): the failure a guarded call
+    turns into a fallback with a warning. The option exists in torch 2.6 and later; a no-op before."""
+    config = torch._dynamo.config
+    if not hasattr(config, "fail_on_recompile_limit_hit"):
+        yield
+        return
+    with config.patch(fail_on_recompile_limit_hit=True):
+        yield
