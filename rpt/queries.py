@@ -4,14 +4,7 @@ The one primitive beside :class:`~rpt.model.RPTForCausalLM` that the RPT decoder
 analysis and the decode benchmark use. A call feeds, per row, query tokens with their positions
 and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache columns
 (:class:`~rpt.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
-:class:`Visibility`:
-
-* the **sequence** columns ``start[b] .. limit[b, q]`` (a row's left padding lies before
-  ``start``; an NTP query at column c has ``limit = c``, a PTP chain predicting ``x_j`` has
-  ``limit = j - 1``: it must not see the token it may replace);
-* the columns ``since[q] .. columns[q]``: its own (so no query ever has an empty softmax row) and,
-  for a PTP chain ``x_{j+1}, ..., x_t`` written in consecutive scratch columns past the end of the
-  sequence, the chain's earlier tokens.
+:class:`~rpt.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.visibility`).
 
 This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
 float one for eager attention, which adds it to the scores) and the attention-implementation check:
@@ -30,40 +23,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from rpt.kv_cache import PositionKVCache, sliding_window_of
+from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 COMPILED_GRAPHS = 64  # dynamo's recompile limit for the compiled step: 7 capacity buckets (64..4096) x 8 variants
-
-
-@dataclass
-class Visibility:
-    """What each query of a call may attend to: two column ranges (see the module docstring).
-
-    ``limit``: ``[Q]`` or ``[batch, Q]`` last visible sequence column per query; ``start``: ``[batch]``
-    first one per row (None: 0). ``since``: ``[Q]`` first column of the query's own run in this call (a
-    PTP chain's first token; None: only its own column), visible up to the query's own column.
-    """
-
-    limit: torch.Tensor
-    start: torch.Tensor | None = None
-    since: torch.Tensor | None = None
-
-
-def visibility_mask(vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """``[batch or 1, Q, kv_len]`` bool: True where a query may attend to a cache column."""
-    key = torch.arange(kv_len, device=columns.device)
-    limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None]
-    allowed = key <= limit[..., None]
-    if vis.start is not None:
-        allowed = allowed & (key >= vis.start[:, None, None])
-    since = columns if vis.since is None else vis.since
-    return allowed | ((key >= since[:, None]) & (key <= columns[:, None]))
 
 
 def implementation_of(model) -> str:
