@@ -6,14 +6,18 @@ and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache 
 (:class:`~rpt.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
 :class:`~rpt.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.visibility`).
 
-This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
-float one for eager attention, which adds it to the scores) and the attention-implementation check:
-``sdpa`` and ``eager`` take the mask directly; ``flex_attention`` and ``flash_attention_2/3`` (which
-read a 4D mask as a padding mask, or need a ``BlockMask``) run the calls that carry a custom mask
-with ``sdpa``, switched for the call and back (a ``plain`` call, which has none, keeps the model's
-own kernel); anything else is a ``ValueError`` naming the implementation and ``sdpa``.
+**The model call.** A Llama-shaped model (:mod:`rpt.decode_model`) runs the decode's own call: fused
+QKV and gate/up projections whose weights the model's parameters are views of, attention on the
+cache's KV heads without copies, and the visibility rule evaluated inside flex attention's kernel in
+compiled CUDA calls (a boolean mask for sdpa elsewhere); the eager and compiled decodes run that one
+call. Any other model runs its own Hugging Face forward with the mask in the format its attention
+takes (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive float one for eager attention);
+``flex_attention`` and ``flash_attention_2/3`` (which read a 4D mask as a padding mask, or need a
+``BlockMask``) run the calls that carry a custom mask with ``sdpa``, switched for the call and back (a
+``plain`` call, which has none, keeps the model's own kernel); anything else is a ``ValueError`` naming
+the implementation and ``sdpa``.
 
-``compile=True`` compiles the model step with fixed shapes: the cache is read whole
+``compile=True`` compiles the model call with fixed shapes: the cache is read whole
 (``kv_len = capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is
 padded to a few bucket sizes, so a run over prompts of many widths compiles a bounded set of
 graphs (per capacity bucket, one per query bucket).
@@ -26,6 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rpt.decode_model import DecodeModel
 from rpt.kv_cache import PositionKVCache, sliding_window_of
 from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
@@ -133,8 +138,27 @@ class ModelQueries:
         self._neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.takes_offsets = hasattr(model, "offset_embedding")
         self.compile_max_queries = compile_max_queries if compile else 0
-        self._compiled = torch.compile(self._step, dynamic=False, backend=compile_backend) if compile else None
+        self._compiled = torch.compile(self._compiled_step, dynamic=False, backend=compile_backend) if compile else None
+        self.decode: DecodeModel | None = DecodeModel.for_model(model)  # None: the model's own forward runs
         self.calls = 0
+
+    def refresh(self) -> None:
+        """Check the fused call against the model before a call (:meth:`__call__` does; a decode's compiled
+        steps follow its prefill): bound again where a weight got new storage (``load_state_dict(assign=True)``,
+        ``model.to(...)``), dropped where a module was replaced (an adapter injected). An in-place write to a
+        weight needs nothing: the parameters are views of the fused storage."""
+        if self.decode is None or not self.decode.current():
+            self.decode = DecodeModel.for_model(self.model)
+
+    @property
+    def _fused(self) -> DecodeModel | None:
+        """The fused call, where it runs: not under autograd (its stacked weights are not the parameters
+        autograd differentiates; a call that records a graph runs the model's forward)."""
+        return None if torch.is_grad_enabled() else self.decode
+
+    @property
+    def _switch(self) -> str | None:
+        return self.switch if self._fused is None else None  # the fused call attends by itself
 
     def mask(self, vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
         """The ``[batch or 1, 1, Q, kv_len]`` mask: boolean for sdpa, additive (0 / -inf-ish) for eager."""
@@ -143,14 +167,23 @@ class ModelQueries:
             return allowed
         return torch.where(allowed, self._zero, self._neg)
 
-    def _step(self, ids, positions, offsets, mask, columns, keep):
+    def _forward(self, ids, positions, offsets, vis: Visibility, columns, keep, plain: bool = False):
+        """The model call: the fused decode call, or the model's own forward with its mask."""
         self.cache.columns = columns
+        fused = self._fused
+        if fused is not None:
+            return fused(self.cache, ids, positions, offsets, vis, columns, keep, plain)
+        mask = None if plain else self.mask(vis, columns, self.cache.kv_len)
         kwargs = dict(position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
         if offsets is not None:
             kwargs["offset_ids"] = offsets
         if keep is not None:
             kwargs["logits_to_keep"] = keep
         return self.model(ids, **kwargs).logits
+
+    def _compiled_step(self, ids, positions, offsets, limit, start, since, columns, keep):
+        """:meth:`_forward` with the visibility as tensors: the function ``compile=True`` compiles."""
+        return self._forward(ids, positions, offsets, Visibility(limit, start, since), columns, keep)
 
     @contextlib.contextmanager
     def whole_cache_calls(self) -> Iterator[None]:
@@ -159,13 +192,13 @@ class ModelQueries:
         limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
         self.calls += 1
         self.cache.kv_len = self.capacity
-        with attention_implementation(self.model, self.switch), \
+        with attention_implementation(self.model, self._switch), \
                 torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
             yield
 
     def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
-        """The model step over the whole cache (fixed shapes), for a compiled decode step to trace."""
-        return self._step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, keep)
+        """The model call over the whole cache (fixed shapes), for a compiled decode step to trace."""
+        return self._forward(ids, positions, offsets, vis, columns, keep)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, vis: Visibility,
                  kv_len: int, offsets: torch.Tensor | None = None, keep: int | torch.Tensor | None = None,
@@ -185,19 +218,20 @@ class ModelQueries:
         if offsets is not None and not self.takes_offsets:
             raise ValueError(f"offset rows need an RPTForCausalLM, got {type(self.model).__name__}")
         self.calls += 1
+        self.refresh()
         q = ids.shape[1]
         if 0 < q <= self.compile_max_queries:
-            with attention_implementation(self.model, self.switch):
+            with attention_implementation(self.model, self._switch):
                 return self._compiled_call(ids, positions, columns, vis, offsets, keep)
         self.cache.kv_len = kv_len
         if plain:  # no custom mask: the model's own kernel (flash / flex included) runs the call
-            return self._step(ids, positions, offsets, None, columns, keep)
-        with attention_implementation(self.model, self.switch):
-            return self._step(ids, positions, offsets, self.mask(vis, columns, kv_len), columns, keep)
+            return self._forward(ids, positions, offsets, vis, columns, keep, plain=True)
+        with attention_implementation(self.model, self._switch):
+            return self._forward(ids, positions, offsets, vis, columns, keep)
 
     def _compiled_call(self, ids, positions, columns, vis, offsets, keep):
         """Pad the block to its bucket with inert queries (scratch columns past the real ones, seeing only
-        themselves) and run the compiled step over the whole cache."""
+        themselves) and run the compiled call over the whole cache."""
         q, size = ids.shape[1], bucket(ids.shape[1])
         batch = ids.shape[0]
         if size > q:
@@ -221,9 +255,9 @@ class ModelQueries:
         # default limit of 8 per frame over many widths, where it would silently run eagerly
         # the cache's first call runs eagerly: it allocates the KV there, marked static (as graph replay
         # needs), and no graph is traced around an allocation that later calls would not repeat
-        step = self._compiled if self.cache.layers[0].is_initialized else self._step
+        step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
         with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
-            logits = step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
+            logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, None)
         if keep is None:
             return logits[:, :q]
         return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

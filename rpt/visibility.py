@@ -10,9 +10,9 @@ A :class:`Visibility` gives each query two column ranges of the position-address
   PTP chain written in consecutive scratch columns past the end of the sequence, the chain's earlier
   tokens.
 
-:func:`visible` is that rule on index tensors, written so that it reads the same on broadcast index
-grids (:func:`visibility_mask`, the boolean mask of a call) and on 0-dim indices (an attention kernel's
-``score_mod``), so no two kernels can disagree on what a query sees.
+:func:`visible` is that rule on index tensors; the same function builds the boolean mask of an eager call
+(:func:`visibility_mask`, broadcast index grids) and is flex attention's ``score_mod`` inside a compiled
+one (:mod:`rpt.decode_model`, scalar indices), so the two kernels cannot disagree on what a query sees.
 """
 
 from __future__ import annotations
