@@ -17,10 +17,10 @@ takes (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive float one 
 ``plain`` call, which has none, keeps the model's own kernel); anything else is a ``ValueError`` naming
 the implementation and ``sdpa``.
 
-``compile=True`` compiles the model call with fixed shapes: the cache is read whole
-(``kv_len = capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is
-padded to a few bucket sizes, so a run over prompts of many widths compiles a bounded set of
-graphs (per capacity bucket, one per query bucket).
+``compile=True`` compiles the model call with fixed shapes: the cache is read whole (``kv_len =
+capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is padded to a
+power-of-two bucket, so a run over prompts of many widths compiles a bounded set of graphs (per
+capacity bucket, one per query bucket) -- the prefill included, whose block fits the cache.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from rpt.kv_cache import PositionKVCache, sliding_window_of
 from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
-QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-COMPILED_GRAPHS = 64  # dynamo's recompile limit for the compiled step: 7 capacity buckets (64..4096) x 8 variants
+STEP_QUERIES = 8  # the most queries a decode step's call pads without a host check (the last 7 columns are free)
+# dynamo's recompile limit for the compiled model call: 7 capacity buckets (64 .. 4096) x the query buckets
+# a run meets (4 of a step, a few of its prefills) x padded rows or not
+COMPILED_GRAPHS = 192
 
 
 def implementation_of(model) -> str:
@@ -104,11 +106,11 @@ def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
 
 
 def bucket(q: int) -> int:
-    """The smallest bucket size >= ``q`` (fixed query shapes for torch.compile)."""
-    for size in QUERY_BUCKETS:
-        if size >= q:
-            return size
-    return q
+    """The smallest power of two >= ``q``: the padded query count of a compiled call (fixed shapes)."""
+    size = 1
+    while size < q:
+        size *= 2
+    return size
 
 
 class ModelQueries:
@@ -118,12 +120,14 @@ class ModelQueries:
         model: an :class:`~rpt.model.RPTForCausalLM` (offset rows) or any HF causal LM (NTP only).
         capacity: cache columns; a call writing at column c needs ``c < capacity`` (with ``compile``,
             ``c < capacity - 7``: the last columns take the padding queries of a bucket).
-        compile: compile the model step for fixed shapes (queries padded to :data:`QUERY_BUCKETS`,
-            the whole cache attended); calls with more than ``compile_max_queries`` queries (a
-            prefill) run eagerly. ``compile_backend``: the ``torch.compile`` backend.
+        compile: compile the model call for fixed shapes (queries padded to a power-of-two bucket, the
+            whole cache attended); a call of more than :data:`STEP_QUERIES` queries (a prefill) compiles
+            where its padded block fits below the cache's end (one host read of its columns), else it runs
+            eagerly; ``compile_max_queries`` (None: no bound) runs larger calls eagerly.
+            ``compile_backend``: the ``torch.compile`` backend.
     """
 
-    def __init__(self, model, capacity: int, *, compile: bool = False, compile_max_queries: int = 8,
+    def __init__(self, model, capacity: int, *, compile: bool = False, compile_max_queries: int | None = None,
                  compile_backend: str = "inductor"):
         self.model = model
         self.switch = check_attention(model)
@@ -137,7 +141,7 @@ class ModelQueries:
         self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
         self._neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.takes_offsets = hasattr(model, "offset_embedding")
-        self.compile_max_queries = compile_max_queries if compile else 0
+        self.compile_max_queries = compile_max_queries
         self._compiled = torch.compile(self._compiled_step, dynamic=False, backend=compile_backend) if compile else None
         self.decode: DecodeModel | None = DecodeModel.for_model(model)  # None: the model's own forward runs
         self.calls = 0
@@ -220,7 +224,7 @@ class ModelQueries:
         self.calls += 1
         self.refresh()
         q = ids.shape[1]
-        if 0 < q <= self.compile_max_queries:
+        if self._compiled is not None and self._compiles(q, columns):
             with attention_implementation(self.model, self._switch):
                 return self._compiled_call(ids, positions, columns, vis, offsets, keep)
         self.cache.kv_len = kv_len
@@ -228,6 +232,17 @@ class ModelQueries:
             return self._forward(ids, positions, offsets, vis, columns, keep, plain=True)
         with attention_implementation(self.model, self._switch):
             return self._forward(ids, positions, offsets, vis, columns, keep)
+
+    def _compiles(self, q: int, columns: torch.Tensor) -> bool:
+        """Whether a call of ``q`` queries at ``columns`` runs compiled: a step's block (the last
+        :data:`STEP_QUERIES` - 1 columns are kept free for its padding), or a larger one (a prefill) whose
+        padding queries, in the cache's last columns, lie past its own columns (one host read per call)."""
+        if q == 0 or (self.compile_max_queries is not None and q > self.compile_max_queries):
+            return False
+        if q <= STEP_QUERIES:
+            return True
+        size = bucket(q)
+        return size <= self.capacity and int(columns.max()) < self.capacity - (size - q)
 
     def _compiled_call(self, ids, positions, columns, vis, offsets, keep):
         """Pad the block to its bucket with inert queries (scratch columns past the real ones, seeing only
@@ -250,6 +265,11 @@ class ModelQueries:
         # an expanded (stride 0) input would compile a second graph for the same shapes
         ids, positions = ids.contiguous(), positions.contiguous()
         offsets = None if offsets is None else offsets.contiguous()
+        # a prefill keeps its few logits inside the graph (its head over every query would be most of its
+        # work); a step's block keeps all, sliced below, so that its calls share one graph per bucket
+        inner_keep = None
+        if q > STEP_QUERIES and keep is not None:
+            inner_keep = torch.arange(q - keep, q, device=ids.device) if isinstance(keep, int) else keep
         self.cache.kv_len = self.capacity
         # the graphs of a run are bounded (capacity buckets x query buckets) but may pass dynamo's
         # default limit of 8 per frame over many widths, where it would silently run eagerly
@@ -257,7 +277,9 @@ class ModelQueries:
         # needs), and no graph is traced around an allocation that later calls would not repeat
         step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
         with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
-            logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, None)
+            logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)
+        if inner_keep is not None:
+            return logits
         if keep is None:
             return logits[:, :q]
         return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

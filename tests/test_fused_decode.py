@@ -121,6 +121,30 @@ def test_fused_call_equals_hf_forward_with_an_explicit_mask(arch, dtype):
         assert (got.float() - truth32).abs().max() <= 0.04 * scale  # no worse than bf16 itself
 
 
+def test_compiled_flex_call_equals_hf_forward(monkeypatch):
+    """The GPU's attention (flex attention, the visibility rule as its ``score_mod``), run here in a compiled
+    call: a ragged 13-token prefill with a PTP chain in the same block (15 queries, compiled in the query
+    bucket of 16) equals Hugging Face's forward with the hand-written mask; attention read the cache's 2 KV
+    heads over all its 64 columns."""
+    monkeypatch.setattr(decode_model, "FLEX_DEVICES", {"cpu"})
+    seen = []
+    real = decode_model.flex_attention
+    monkeypatch.setattr(decode_model, "flex_attention", lambda *a, **kw: seen.append(a[1].shape) or real(*a, **kw))
+    torch._dynamo.reset()
+    model = tiny(layers=1)
+    queries = ModelQueries(model, 64, compile=True, compile_backend="eager")
+    ids, positions, offsets, allowed = block()
+    cols = torch.arange(N + 3)
+    limit = torch.cat([torch.arange(N + 1), torch.tensor([CHAIN_LIMIT, CHAIN_LIMIT])])
+    since = torch.cat([torch.arange(N + 1), torch.tensor([N + 1, N + 1])])
+    with torch.no_grad():
+        queries(ids[:, :1], positions[:, :1], cols[:1], Visibility(cols[:1]), kv_len=1,
+                offsets=offsets[:, :1])  # the cache's first call (eager): allocates it
+        got = queries(ids, positions, cols, Visibility(limit, PADS, since), kv_len=N + 3, offsets=offsets)
+    torch.testing.assert_close(got, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
+    assert seen and all(shape == (2, 2, 64, 8) for shape in seen)
+
+
 # ---- the compiled step's graph ------------------------------------------------------------------------
 class Graphs:
     """A compile backend that records each graph dynamo traces and runs it as traced."""
@@ -372,6 +396,48 @@ def test_an_adapter_injected_after_a_decode_is_not_skipped():
     assert queries.decode is None
     assert torch.equal(generate(model, ids, cfg).sequences, generate_reference(model, ids, cfg).sequences)
 
+
+# ---- compiled prefills, and the GPU's attention over whole decodes -----------------------------------------
+def test_a_large_call_compiles_in_its_bucket_only_where_its_padding_fits():
+    """A call of more than 8 queries (a prefill) is padded to the next power of two with inert queries in the
+    cache's last columns: compiled where those lie past the call's own columns and inside the cache, eager
+    otherwise (a 100-column cache, as a sliding window makes, cannot hold a 128-query bucket)."""
+    model = tiny(layers=1)
+    queries = ModelQueries(model, 64, compile=True, compile_backend="eager")
+    assert queries._compiles(8, torch.arange(56, 64))  # a step's block: the last 7 columns are kept free
+    assert queries._compiles(13, torch.arange(13)) and queries._compiles(40, torch.arange(40))
+    assert not queries._compiles(13, torch.arange(50, 63))  # its 3 padding queries would overwrite 61, 62
+    queries.capacity = 100
+    assert queries._compiles(40, torch.arange(40)) and not queries._compiles(70, torch.arange(70))
+
+
+FLEX_CASES = {  # name: (batch, prompt lengths (left-padded), RPT iterations)
+    "ntp batch 1": (1, (9,), 0), "ntp batch 4 ragged": (4, (9, 5, 12, 7), 0), "ntp batch 16": (16, (10,) * 16, 0),
+    "rpt batch 1": (1, (9,), 2), "rpt batch 4 ragged": (4, (9, 5, 12, 7), 1), "rpt batch 16 ragged": (16, (10, 6) * 8, 1),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(FLEX_CASES))
+def test_flex_attention_decodes_equal_eager_and_reference(monkeypatch, case):
+    """The GPU's compiled attention (flex, switched on here) over whole decodes, NTP and RPT (corrections:
+    confidence 0.3), batch 1, 4 ragged and 16, float32, prefills of 9-12 tokens compiled in their bucket:
+    the eager (sdpa) and reference tokens. (3-10 s each; the default-suite tests of the guarantee:
+    test_compiled_flex_call_equals_hf_forward, test_the_compiled_step_makes_four_gemms_per_layer_and_attends_without_copies_or_a_mask.)"""
+    monkeypatch.setattr(decode_model, "FLEX_DEVICES", {"cpu"})
+    batch, lengths, k = FLEX_CASES[case]
+    width = max(lengths)
+    ids = torch.randint(0, V, (batch, width), generator=torch.Generator().manual_seed(batch + k))
+    mask = (torch.arange(width)[None] >= width - torch.tensor(lengths)[:, None]).long()
+    cfg = SamplingConfig(max_new_tokens=10, eos_token_id=[], rpt_iters=k, rpt_window=3, confidence=0.3)
+    torch._dynamo.reset()
+    model = tiny()
+    eager = generate(model, ids, cfg, attention_mask=mask)
+    for _ in range(2):  # the second decode's prefill runs compiled (the first allocates the cache eagerly)
+        compiled = generate(model, ids, cfg, attention_mask=mask, compile="eager")
+        assert torch.equal(compiled.sequences, eager.sequences)
+    assert torch.equal(eager.sequences, generate_reference(model, ids, cfg, attention_mask=mask).sequences)
+    assert compiled.stats["corrections"] == eager.stats["corrections"]
 
 
 @pytest.mark.slow
