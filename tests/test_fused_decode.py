@@ -218,7 +218,7 @@ def test_the_compiled_step_makes_four_gemms_per_layer_and_attends_without_copies
 @pytest.mark.slow
 def test_the_graph_checks_see_hf_forward(monkeypatch):
     """The checks above fail on Hugging Face's forward (the fused call switched off): 7 products per layer,
-    ``repeat_kv``'s expand of K and V, sdpa with a mask as wide as the cache. (2 s; the default-suite test
+    ``repeat_kv``'s expand of K and V, sdpa with a mask as wide as the cache. (3-13 s at load 10; the default-suite test
     of the guarantee: test_the_compiled_step_makes_four_gemms_per_layer_and_attends_without_copies_or_a_mask.)"""
     monkeypatch.setattr(decode_model, "ARCHITECTURES", {})
     graph = step_graph(tiny(layers=2), monkeypatch)[0]
@@ -422,7 +422,7 @@ FLEX_CASES = {  # name: (batch, prompt lengths (left-padded), RPT iterations)
 def test_flex_attention_decodes_equal_eager_and_reference(monkeypatch, case):
     """The GPU's compiled attention (flex, switched on here) over whole decodes, NTP and RPT (corrections:
     confidence 0.3), batch 1, 4 ragged and 16, float32, prefills of 9-12 tokens compiled in their bucket:
-    the eager (sdpa) and reference tokens. (3-10 s each; the default-suite tests of the guarantee:
+    the eager (sdpa) and reference tokens. (20-60 s each at load 10; the default-suite tests of the guarantee:
     test_compiled_flex_call_equals_hf_forward, test_the_compiled_step_makes_four_gemms_per_layer_and_attends_without_copies_or_a_mask.)"""
     monkeypatch.setattr(decode_model, "FLEX_DEVICES", {"cpu"})
     batch, lengths, k = FLEX_CASES[case]
@@ -443,8 +443,8 @@ def test_flex_attention_decodes_equal_eager_and_reference(monkeypatch, case):
 @pytest.mark.slow
 def test_a_weight_given_new_storage_between_compiled_decodes_needs_no_recompile():
     """``load_state_dict(assign=True)`` between two compiled decodes: the stacked matrices are refilled in
-    place (same tensors, same addresses), so the second decode runs the first one's graphs, on the new
-    weights (the reference's tokens). (4 s; the default-suite test of the guarantee:
+    place (same tensors, same addresses), so the third decode runs the graphs of the first two, on the new
+    weights (the reference's tokens). (8 s at load 8; the default-suite test of the guarantee:
     test_a_weight_changed_after_a_decode_is_seen_by_the_next.)"""
     from torch._dynamo.utils import counters
 
