@@ -48,8 +48,8 @@ def block(batch: int, q: int, capacity: int, device) -> tuple[Visibility, torch.
 def attend(qs, ks, vs, limit, start, since, columns):
     """The decode's attention of one call: compiled, flex attention (the device is in FLEX_DEVICES); eager,
     sdpa with the boolean mask."""
-    attention = decode_model._attention(Visibility(limit, start, since), columns, qs.shape[0], qs.device,
-                                        ks.shape[2], plain=False)
+    attention = decode_model._attention(Visibility(limit, start, since), columns, qs.shape[0], qs, ks.shape[2],
+                                        plain=False)
     return attention(qs, ks, vs, qs.shape[-1] ** -0.5)
 
 

@@ -44,8 +44,10 @@ except ImportError:  # pragma: no cover
 # pre-norm RMSNorm, rotary q/k, a gated MLP; Qwen2 adds q/k/v biases, which are fused too)
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 _PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
-# device types whose compiled calls attend with flex attention (a test adds "cpu" to run that path here)
+# device types whose compiled calls attend with flex attention (a test adds "cpu" to run that path here),
+# in the dtypes its kernels are written for (float64 decodes -- the exactness tests' -- keep sdpa)
 FLEX_DEVICES = {"cuda"}
+FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATTRIBUTE = "_rpt_fused_layers"  # on the HF model: its FusedLayers (not a submodule, parameter or buffer)
 
 
@@ -202,7 +204,7 @@ class DecodeModel:
         h = self.embed(ids, offsets)
         batch, q = ids.shape
         cos, sin = self.rotary(h, positions)
-        attend = _attention(vis, columns, batch, ids.device, cache.kv_len, plain)
+        attend = _attention(vis, columns, batch, h, cache.kv_len, plain)
         for layer in self.layers:
             x = layer.layer.input_layernorm(h)
             qkv = F.linear(x, layer.qkv.tensor, None if layer.qkv_bias is None else layer.qkv_bias.tensor)
@@ -224,11 +226,13 @@ class DecodeModel:
         return self.head(self.norm(h))
 
 
-def _attention(vis: Visibility, columns: torch.Tensor, batch: int, device: torch.device, kv_len: int, plain: bool):
-    """``attend(q, keys, values, scale)`` for one call: the rule of :func:`~rpt.visibility.visible` as flex
-    attention's ``score_mod`` (compiled, on :data:`FLEX_DEVICES`) or as one boolean mask (built once per
-    call, shared by the layers), with the cache's KV heads as they are (``enable_gqa``)."""
-    if flex_attention is not None and device.type in FLEX_DEVICES and torch.compiler.is_compiling():
+def _attention(vis: Visibility, columns: torch.Tensor, batch: int, like: torch.Tensor, kv_len: int, plain: bool):
+    """``attend(q, keys, values, scale)`` for one call (its queries' device and dtype those of ``like``): the
+    rule of :func:`~rpt.visibility.visible` as flex attention's ``score_mod`` (compiled, on
+    :data:`FLEX_DEVICES` in :data:`FLEX_DTYPES`) or as one boolean mask (built once per call, shared by the
+    layers), with the cache's KV heads as they are (``enable_gqa``)."""
+    if (flex_attention is not None and like.device.type in FLEX_DEVICES and like.dtype in FLEX_DTYPES
+            and torch.compiler.is_compiling()):
         if vis.limit.dim() == 2 and vis.limit.shape[0] != batch:  # score_mod indexes the limit by row
             vis = Visibility(vis.limit.expand(batch, -1), vis.start, vis.since)
 

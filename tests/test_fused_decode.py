@@ -208,7 +208,7 @@ def test_the_compiled_step_makes_four_gemms_per_layer_and_attends_without_copies
             continue
         assert not (len(s) >= 4 and s[-2] == capacity and s[1] != 2), (n.format_node(), s)  # a K/V copy
         value = n.meta["example_value"]
-        assert not (value.dtype == torch.bool and len(s) >= 2 and s[-1] == capacity), n.format_node()  # a mask
+        assert not (value.dtype == torch.bool and len(s) >= 3 and s[-1] == capacity), n.format_node()  # a mask
         copies = ("expand", "clone", "repeat", "contiguous", "reshape", "cat")
         if any(c in str(n.target) for c in copies):
             assert all(shape(a) is None or len(shape(a)) < 3 or shape(a)[-2] != capacity
@@ -460,3 +460,39 @@ def test_a_weight_given_new_storage_between_compiled_decodes_needs_no_recompile(
     out = generate(model, ids, cfg, compile="eager")
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(out.sequences, generate_reference(model, ids, cfg).sequences)
+
+
+def test_flex_attention_only_where_its_kernels_run(monkeypatch):
+    """Flex attention is the compiled call's kernel on a flex device in float16 / bfloat16 / float32; eager
+    calls and float64 (the exactness tests' dtype, which its GPU kernels do not promise) take sdpa."""
+    monkeypatch.setattr(decode_model, "FLEX_DEVICES", {"cpu"})
+    vis, cols = Visibility(torch.tensor([3])), torch.tensor([3])
+
+    def kernel(dtype, compiling):
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+        return decode_model._attention(vis, cols, 1, torch.zeros(1, dtype=dtype), 8, plain=False).__name__
+
+    assert [kernel(torch.float32, True), kernel(torch.bfloat16, True)] == ["flex", "flex"]
+    assert [kernel(torch.float64, True), kernel(torch.float32, False)] == ["sdpa", "sdpa"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("batch", [1, 16])
+def test_cuda_flex_attention_equals_sdpa(batch):
+    """On a GPU: inductor's flex kernels (decoding for the steps, attention for the prefills) at Llama-3.2-1B's
+    heads, each query block the decode compiles (NTP, RPT with PTP chains, prefills), ragged rows, float32,
+    equal sdpa with the mask (``benchmarks/flex_decode_check.py`` does the same in bf16 and times it)."""
+    from benchmarks.flex_decode_check import attend, block
+
+    device = torch.device("cuda")
+    decode_model.FLEX_DEVICES.add("cuda")
+    for q in (1, 2, 4, 16, 64):
+        vis, columns = block(batch, q, 256, device)
+        g = torch.Generator(device=device).manual_seed(q)
+        qs = torch.randn(batch, 32, q, 64, device=device, generator=g)
+        ks, vs = (torch.randn(batch, 8, 256, 64, device=device, generator=g) for _ in range(2))
+        inputs = (qs, ks, vs, vis.limit, vis.start, vis.since, columns)
+        torch._dynamo.reset()
+        got = torch.compile(attend, fullgraph=True, dynamic=False)(*inputs)
+        torch.testing.assert_close(got, attend(*inputs), atol=1e-4, rtol=1e-4)
