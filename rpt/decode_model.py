@@ -98,9 +98,14 @@ def unsupported(lm) -> str | None:
                 len({m.bias is None for m in (mlp.gate_proj, mlp.up_proj)}) > 1:
             return "biases on some of the fused projections only"
     for module in lm.modules():  # the fused call does not run them
-        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
+        if not _plain(module):
             return f"a forward hook or patched forward on {type(module).__name__}"
     return None
+
+
+def _plain(module: nn.Module) -> bool:
+    """No forward hook and no patched ``forward`` (accelerate's offloading hooks patch it)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
 
 
 class _Layer:
@@ -125,10 +130,12 @@ class _Layer:
             (layer, ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")),
             (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
             for name in names]
+        # the modules whose forward the fused call does not run: a hook added to one later is seen
+        self.bypassed = [layer, attn, mlp, attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
 
     def current(self) -> bool:
         return all(table.get(name) is module for table, name, module in self.modules) and \
-            all(g.current() for g in self.groups)
+            all(_plain(m) for m in self.bypassed) and all(g.current() for g in self.groups)
 
 
 class FusedLayers:

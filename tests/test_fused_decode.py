@@ -377,6 +377,21 @@ def test_models_it_does_not_fit_keep_their_own_forward(kind):
     assert torch.equal(generate(model, ids, cfg).sequences, generate_reference(model, ids, cfg).sequences)
 
 
+def test_a_hook_added_after_a_decode_is_not_skipped():
+    """A forward hook on a module whose forward the fused call bypasses (the MLP), added after a fused decode:
+    the next decode runs the model's own forward, and the hook."""
+    model = tiny()
+    ids = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(8))
+    cfg = SamplingConfig(max_new_tokens=6, eos_token_id=[])
+    before = generate(model, ids, cfg).sequences
+    queries = ModelQueries(model, 16)  # one built before the hook (a pooled compiled decode's), checked again
+    model.lm.model.layers[1].mlp.register_forward_hook(lambda module, args, out: out * 3)
+    queries.refresh()
+    assert queries.decode is None
+    after = generate(model, ids, cfg).sequences
+    assert torch.equal(after, generate_reference(model, ids, cfg).sequences) and not torch.equal(after, before)
+
+
 def test_an_adapter_injected_after_a_decode_is_not_skipped():
     """LoRA injected into a model that already decoded fused: the next decode sees the wrapped projections,
     runs the model's own forward, and follows the adapter."""
