@@ -198,6 +198,13 @@ class DecodeModel:
         unchanged since it was bound; an in-place write to a weight needs nothing: it is the fused storage)."""
         return self.fused.same_structure(self.lm) and self.fused.current()
 
+    def allocate(self, cache, batch: int, device) -> None:
+        """Allocate ``cache``'s KV for ``batch`` rows before a first call (a compiled one then traces no
+        allocation, and the first decode of a bucket compiles its prefill too)."""
+        dtype = self.lm.get_input_embeddings().weight.dtype
+        for layer in self.layers:
+            cache.layers[layer.index].allocate(batch, layer.kv_heads, layer.head_dim, layer.head_dim, dtype, device)
+
     def embed(self, ids: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
         if self.takes_offsets:
             return self.model.embed(ids, offsets)

@@ -273,8 +273,12 @@ class ModelQueries:
         self.cache.kv_len = self.capacity
         # the graphs of a run are bounded (capacity buckets x query buckets) but may pass dynamo's
         # default limit of 8 per frame over many widths, where it would silently run eagerly
-        # the cache's first call runs eagerly: it allocates the KV there, marked static (as graph replay
-        # needs), and no graph is traced around an allocation that later calls would not repeat
+        # the KV is allocated outside any graph, marked static (as graph replay needs), so that no graph is
+        # traced around an allocation later calls would not repeat: by the fused call, which knows its
+        # shapes, before the first call; with the model's own forward, by the cache's first call, run eagerly
+        fused = self._fused
+        if fused is not None and not self.cache.layers[0].is_initialized:
+            fused.allocate(self.cache, batch, ids.device)
         step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
         with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
             logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)

@@ -128,10 +128,9 @@ def test_a_long_decode_runs_one_graph_per_window_shape(models, monkeypatch):
         log.removeHandler(messages)
     # steps W < m < last: 58 per decode (the first eagerly, to fill the processors' caches)
     assert calls.count == 2 * 58
-    # the first decode: the step's graph, and ModelQueries' model-step graphs of the eagerly run first
-    # and last columns (query buckets 1 and 4); the second adds its prefill's (the first decode's ran
-    # eagerly: the cache's first call, which allocates it)
-    assert graphs == [3, 4], graphs
+    # the first decode: the step's graph, and ModelQueries' model-step graphs of its prefill (query bucket
+    # 16) and of the eagerly run first and last columns (buckets 1 and 4); the second decode adds none
+    assert graphs == [4, 4], graphs
     assert not [m for m in messages.seen if "recompile" in m.lower()]
 
 
