@@ -30,10 +30,15 @@ class PositionLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, heads, _, k_dim = key_states.shape
+        self.allocate(batch, heads, k_dim, value_states.shape[-1], key_states.dtype, key_states.device)
+
+    def allocate(self, batch: int, heads: int, k_dim: int, v_dim: int, dtype: torch.dtype, device) -> None:
+        """Zeroed K and V ``[batch, heads, capacity, dim]``: at a first call's shapes, or before it (the fused
+        decode call knows them, :mod:`rpt.decode_model`)."""
         shape = (batch, heads, self.owner.capacity)
-        self.keys = key_states.new_zeros(*shape, k_dim)
-        self.values = value_states.new_zeros(*shape, value_states.shape[-1])
-        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.zeros(*shape, k_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(*shape, v_dim, dtype=dtype, device=device)
+        self.dtype, self.device = dtype, torch.device(device)
         if not torch.compiler.is_compiling():  # fixed addresses, as HF's StaticLayer: what CUDA graphs need
             torch._dynamo.mark_static_address(self.keys)
             torch._dynamo.mark_static_address(self.values)

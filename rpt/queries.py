@@ -4,67 +4,42 @@ The one primitive beside :class:`~rpt.model.RPTForCausalLM` that the RPT decoder
 analysis and the decode benchmark use. A call feeds, per row, query tokens with their positions
 and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache columns
 (:class:`~rpt.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
-:class:`Visibility`:
+:class:`~rpt.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.visibility`).
 
-* the **sequence** columns ``start[b] .. limit[b, q]`` (a row's left padding lies before
-  ``start``; an NTP query at column c has ``limit = c``, a PTP chain predicting ``x_j`` has
-  ``limit = j - 1``: it must not see the token it may replace);
-* the columns ``since[q] .. columns[q]``: its own (so no query ever has an empty softmax row) and,
-  for a PTP chain ``x_{j+1}, ..., x_t`` written in consecutive scratch columns past the end of the
-  sequence, the chain's earlier tokens.
+**The model call.** A Llama-shaped model (:mod:`rpt.decode_model`) runs the decode's own call: fused
+QKV and gate/up projections whose weights the model's parameters are views of, attention on the
+cache's KV heads without copies, and the visibility rule evaluated inside flex attention's kernel in
+compiled CUDA calls (a boolean mask for sdpa elsewhere); the eager and compiled decodes run that one
+call. Any other model runs its own Hugging Face forward with the mask in the format its attention
+takes (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive float one for eager attention);
+``flex_attention`` and ``flash_attention_2/3`` (which read a 4D mask as a padding mask, or need a
+``BlockMask``) run the calls that carry a custom mask with ``sdpa``, switched for the call and back (a
+``plain`` call, which has none, keeps the model's own kernel); anything else is a ``ValueError`` naming
+the implementation and ``sdpa``.
 
-This module owns the mask format (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive
-float one for eager attention, which adds it to the scores) and the attention-implementation check:
-``sdpa`` and ``eager`` take the mask directly; ``flex_attention`` and ``flash_attention_2/3`` (which
-read a 4D mask as a padding mask, or need a ``BlockMask``) run the calls that carry a custom mask
-with ``sdpa``, switched for the call and back (a ``plain`` call, which has none, keeps the model's
-own kernel); anything else is a ``ValueError`` naming the implementation and ``sdpa``.
-
-``compile=True`` compiles the model step with fixed shapes: the cache is read whole
-(``kv_len = capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is
-padded to a few bucket sizes, so a run over prompts of many widths compiles a bounded set of
-graphs (per capacity bucket, one per query bucket).
+``compile=True`` compiles the model call with fixed shapes: the cache is read whole (``kv_len =
+capacity``, its capacity rounded up by :func:`capacity_bucket`) and the query block is padded to a
+power-of-two bucket, so a run over prompts of many widths compiles a bounded set of graphs (per
+capacity bucket, one per query bucket) -- the prefill included, whose block fits the cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 
 from rpt.compile_guard import guarded
+from rpt.decode_model import DecodeModel
 from rpt.kv_cache import PositionKVCache, sliding_window_of
+from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
-QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-COMPILED_GRAPHS = 64  # dynamo's recompile limit for the compiled step: 7 capacity buckets (64..4096) x 8 variants
-
-
-@dataclass
-class Visibility:
-    """What each query of a call may attend to: two column ranges (see the module docstring).
-
-    ``limit``: ``[Q]`` or ``[batch, Q]`` last visible sequence column per query; ``start``: ``[batch]``
-    first one per row (None: 0). ``since``: ``[Q]`` first column of the query's own run in this call (a
-    PTP chain's first token; None: only its own column), visible up to the query's own column.
-    """
-
-    limit: torch.Tensor
-    start: torch.Tensor | None = None
-    since: torch.Tensor | None = None
-
-
-def visibility_mask(vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """``[batch or 1, Q, kv_len]`` bool: True where a query may attend to a cache column."""
-    key = torch.arange(kv_len, device=columns.device)
-    limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None]
-    allowed = key <= limit[..., None]
-    if vis.start is not None:
-        allowed = allowed & (key >= vis.start[:, None, None])
-    since = columns if vis.since is None else vis.since
-    return allowed | ((key >= since[:, None]) & (key <= columns[:, None]))
+STEP_QUERIES = 8  # the most queries a decode step's call pads without a host check (the last 7 columns are free)
+# dynamo's recompile limit for the compiled model call: 7 capacity buckets (64 .. 4096) x the query buckets
+# a run meets (4 of a step, a few of its prefills) x padded rows or not
+COMPILED_GRAPHS = 192
 
 
 def implementation_of(model) -> str:
@@ -132,11 +107,11 @@ def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
 
 
 def bucket(q: int) -> int:
-    """The smallest bucket size >= ``q`` (fixed query shapes for torch.compile)."""
-    for size in QUERY_BUCKETS:
-        if size >= q:
-            return size
-    return q
+    """The smallest power of two >= ``q``: the padded query count of a compiled call (fixed shapes)."""
+    size = 1
+    while size < q:
+        size *= 2
+    return size
 
 
 class ModelQueries:
@@ -146,12 +121,14 @@ class ModelQueries:
         model: an :class:`~rpt.model.RPTForCausalLM` (offset rows) or any HF causal LM (NTP only).
         capacity: cache columns; a call writing at column c needs ``c < capacity`` (with ``compile``,
             ``c < capacity - 7``: the last columns take the padding queries of a bucket).
-        compile: compile the model step for fixed shapes (queries padded to :data:`QUERY_BUCKETS`,
-            the whole cache attended); calls with more than ``compile_max_queries`` queries (a
-            prefill) run eagerly. ``compile_backend``: the ``torch.compile`` backend.
+        compile: compile the model call for fixed shapes (queries padded to a power-of-two bucket, the
+            whole cache attended); a call of more than :data:`STEP_QUERIES` queries (a prefill) compiles
+            where its padded block fits below the cache's end (one host read of its columns), else it runs
+            eagerly; ``compile_max_queries`` (None: no bound) runs larger calls eagerly.
+            ``compile_backend``: the ``torch.compile`` backend.
     """
 
-    def __init__(self, model, capacity: int, *, compile: bool = False, compile_max_queries: int = 8,
+    def __init__(self, model, capacity: int, *, compile: bool = False, compile_max_queries: int | None = None,
                  compile_backend: str = "inductor"):
         self.model = model
         self.switch = check_attention(model)
@@ -165,11 +142,30 @@ class ModelQueries:
         self._zero = torch.zeros((), dtype=self.dtype, device=self.device)
         self._neg = torch.full((), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         self.takes_offsets = hasattr(model, "offset_embedding")
-        self.compile_max_queries = compile_max_queries if compile else 0
+        self.compile_max_queries = compile_max_queries
         # a failure while compiling or running it raises CompileFailure: generate decodes eagerly instead
-        self._compiled = (guarded(torch.compile(self._step, dynamic=False, backend=compile_backend))
+        self._compiled = (guarded(torch.compile(self._compiled_step, dynamic=False, backend=compile_backend))
                           if compile else None)
+        self.decode: DecodeModel | None = DecodeModel.for_model(model)  # None: the model's own forward runs
         self.calls = 0
+
+    def refresh(self) -> None:
+        """Check the fused call against the model before a call (:meth:`__call__` does; a decode's compiled
+        steps follow its prefill): bound again where a weight got new storage (``load_state_dict(assign=True)``,
+        ``model.to(...)``), dropped where a module was replaced (an adapter injected). An in-place write to a
+        weight needs nothing: the parameters are views of the fused storage."""
+        if self.decode is None or not self.decode.current():
+            self.decode = DecodeModel.for_model(self.model)
+
+    @property
+    def _fused(self) -> DecodeModel | None:
+        """The fused call, where it runs: not under autograd (its stacked weights are not the parameters
+        autograd differentiates; a call that records a graph runs the model's forward)."""
+        return None if torch.is_grad_enabled() else self.decode
+
+    @property
+    def _switch(self) -> str | None:
+        return self.switch if self._fused is None else None  # the fused call attends by itself
 
     def mask(self, vis: Visibility, columns: torch.Tensor, kv_len: int) -> torch.Tensor:
         """The ``[batch or 1, 1, Q, kv_len]`` mask: boolean for sdpa, additive (0 / -inf-ish) for eager."""
@@ -178,14 +174,23 @@ class ModelQueries:
             return allowed
         return torch.where(allowed, self._zero, self._neg)
 
-    def _step(self, ids, positions, offsets, mask, columns, keep):
+    def _forward(self, ids, positions, offsets, vis: Visibility, columns, keep, plain: bool = False):
+        """The model call: the fused decode call, or the model's own forward with its mask."""
         self.cache.columns = columns
+        fused = self._fused
+        if fused is not None:
+            return fused(self.cache, ids, positions, offsets, vis, columns, keep, plain)
+        mask = None if plain else self.mask(vis, columns, self.cache.kv_len)
         kwargs = dict(position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
         if offsets is not None:
             kwargs["offset_ids"] = offsets
         if keep is not None:
             kwargs["logits_to_keep"] = keep
         return self.model(ids, **kwargs).logits
+
+    def _compiled_step(self, ids, positions, offsets, limit, start, since, columns, keep):
+        """:meth:`_forward` with the visibility as tensors: the function ``compile=True`` compiles."""
+        return self._forward(ids, positions, offsets, Visibility(limit, start, since), columns, keep)
 
     @contextlib.contextmanager
     def whole_cache_calls(self) -> Iterator[None]:
@@ -194,13 +199,13 @@ class ModelQueries:
         limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
         self.calls += 1
         self.cache.kv_len = self.capacity
-        with attention_implementation(self.model, self.switch), \
+        with attention_implementation(self.model, self._switch), \
                 torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
             yield
 
     def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
-        """The model step over the whole cache (fixed shapes), for a compiled decode step to trace."""
-        return self._step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, keep)
+        """The model call over the whole cache (fixed shapes), for a compiled decode step to trace."""
+        return self._forward(ids, positions, offsets, vis, columns, keep)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, vis: Visibility,
                  kv_len: int, offsets: torch.Tensor | None = None, keep: int | torch.Tensor | None = None,
@@ -220,19 +225,31 @@ class ModelQueries:
         if offsets is not None and not self.takes_offsets:
             raise ValueError(f"offset rows need an RPTForCausalLM, got {type(self.model).__name__}")
         self.calls += 1
+        self.refresh()
         q = ids.shape[1]
-        if 0 < q <= self.compile_max_queries:
-            with attention_implementation(self.model, self.switch):
+        if self._compiled is not None and self._compiles(q, columns):
+            with attention_implementation(self.model, self._switch):
                 return self._compiled_call(ids, positions, columns, vis, offsets, keep)
         self.cache.kv_len = kv_len
         if plain:  # no custom mask: the model's own kernel (flash / flex included) runs the call
-            return self._step(ids, positions, offsets, None, columns, keep)
-        with attention_implementation(self.model, self.switch):
-            return self._step(ids, positions, offsets, self.mask(vis, columns, kv_len), columns, keep)
+            return self._forward(ids, positions, offsets, vis, columns, keep, plain=True)
+        with attention_implementation(self.model, self._switch):
+            return self._forward(ids, positions, offsets, vis, columns, keep)
+
+    def _compiles(self, q: int, columns: torch.Tensor) -> bool:
+        """Whether a call of ``q`` queries at ``columns`` runs compiled: a step's block (the last
+        :data:`STEP_QUERIES` - 1 columns are kept free for its padding), or a larger one (a prefill) whose
+        padding queries, in the cache's last columns, lie past its own columns (one host read per call)."""
+        if q == 0 or (self.compile_max_queries is not None and q > self.compile_max_queries):
+            return False
+        if q <= STEP_QUERIES:
+            return True
+        size = bucket(q)
+        return size <= self.capacity and int(columns.max()) < self.capacity - (size - q)
 
     def _compiled_call(self, ids, positions, columns, vis, offsets, keep):
         """Pad the block to its bucket with inert queries (scratch columns past the real ones, seeing only
-        themselves) and run the compiled step over the whole cache."""
+        themselves) and run the compiled call over the whole cache."""
         q, size = ids.shape[1], bucket(ids.shape[1])
         batch = ids.shape[0]
         if size > q:
@@ -248,17 +265,30 @@ class ModelQueries:
             vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
+        if vis.start is None:  # zero pads see what no pads see: one graph for padded and unpadded batches
+            vis = Visibility(vis.limit, torch.zeros(batch, dtype=torch.long, device=ids.device), vis.since)
         # an expanded (stride 0) input would compile a second graph for the same shapes
         ids, positions = ids.contiguous(), positions.contiguous()
         offsets = None if offsets is None else offsets.contiguous()
+        # a prefill keeps its few logits inside the graph (its head over every query would be most of its
+        # work); a step's block keeps all, sliced below, so that its calls share one graph per bucket
+        inner_keep = None
+        if q > STEP_QUERIES and keep is not None:
+            inner_keep = torch.arange(q - keep, q, device=ids.device) if isinstance(keep, int) else keep
         self.cache.kv_len = self.capacity
         # the graphs of a run are bounded (capacity buckets x query buckets) but may pass dynamo's
         # default limit of 8 per frame over many widths, where it would silently run eagerly
-        # the cache's first call runs eagerly: it allocates the KV there, marked static (as graph replay
-        # needs), and no graph is traced around an allocation that later calls would not repeat
-        step = self._compiled if self.cache.layers[0].is_initialized else self._step
+        # the KV is allocated outside any graph, marked static (as graph replay needs), so that no graph is
+        # traced around an allocation later calls would not repeat: by the fused call, which knows its
+        # shapes, before the first call; with the model's own forward, by the cache's first call, run eagerly
+        fused = self._fused
+        if fused is not None and not self.cache.layers[0].is_initialized:
+            fused.allocate(self.cache, batch, ids.device)
+        step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
         with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
-            logits = step(ids, positions, offsets, self.mask(vis, columns, self.capacity), columns, None)
+            logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)
+        if inner_keep is not None:
+            return logits
         if keep is None:
             return logits[:, :q]
         return logits[:, q - keep:q] if isinstance(keep, int) else logits[:, keep]

@@ -4,6 +4,7 @@ the least recently used dropped beyond two, a lent entry never shared, everythin
 import gc
 import weakref
 
+import pytest
 import torch
 
 from rpt.sampling import SamplingConfig, generate
@@ -68,13 +69,19 @@ def test_the_pool_goes_with_the_model():
     assert gone() is None
 
 
-def test_a_short_prompt_allocates_the_cache_eagerly_and_static():
-    """A prompt of at most 8 tokens is prefilled through the compiled model call; the cache's first call
-    runs eagerly all the same, so the KV is allocated outside any graph and marked static (what the
-    graph-replayed steps need: a cache allocated inside a compiled call would not be); the second decode
-    traces the prefill's graph, the third nothing."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_short_prompt_allocates_the_cache_eagerly_and_static(monkeypatch, fused):
+    """A prompt of at most 8 tokens is prefilled through the compiled model call; the KV is allocated
+    outside any graph and marked static (what the graph-replayed steps need: a cache allocated inside a
+    compiled call would not be): by the fused decode call before its first call, which then compiles (a
+    Llama), or by the cache's first call run eagerly (the model's own forward: the second decode traces
+    the prefill's graph); after that, nothing is traced."""
     from torch._dynamo.utils import counters
 
+    from rpt import decode_model
+
+    if not fused:
+        monkeypatch.setattr(decode_model, "ARCHITECTURES", {})
     torch._dynamo.reset()
     counters.clear()
     model = rpt_model(2).float()
@@ -88,4 +95,5 @@ def test_a_short_prompt_allocates_the_cache_eagerly_and_static():
     for layer in entry.queries.cache.layers:
         for kv in (layer.keys, layer.values):
             assert getattr(kv, "_dynamo_static_input_type", None) is not None
-    assert graphs == [1, 2, 2], graphs  # the step's; the prefill's over the allocated cache; none
+    # the step's and the prefill's (the model's own forward: the prefill's over the allocated cache); none
+    assert graphs == ([2, 2, 2] if fused else [1, 2, 2]), graphs

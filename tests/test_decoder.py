@@ -423,10 +423,15 @@ def test_attention_implementations_give_sdpas_tokens(attn):
         assert model.lm.config._attn_implementation == attn
 
 
-def test_mask_free_calls_keep_the_models_own_attention():
+def test_mask_free_calls_keep_the_models_own_attention(monkeypatch):
     """A flash-like implementation (registered here: flash kernels need a GPU) runs the mask-free NTP
-    calls itself; only the calls with a custom mask switch to sdpa. The tokens are sdpa's."""
+    calls itself; only the calls with a custom mask switch to sdpa. The tokens are sdpa's. (A model the
+    fused decode call does not take: it attends by itself, rpt/decode_model.py.)"""
     from transformers import AttentionInterface
+
+    from rpt import decode_model
+
+    monkeypatch.setattr(decode_model, "ARCHITECTURES", {})
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 

@@ -254,8 +254,7 @@ class Decoder:
             self.device, model.dtype, implementation_of(model))
 
         def build() -> DecodeBuffers:
-            queries = ModelQueries(model, capacity, compile=True, compile_max_queries=8,
-                                   compile_backend=self.compile_backend)
+            queries = ModelQueries(model, capacity, compile=True, compile_backend=self.compile_backend)
             return DecodeBuffers(queries, DecodeState.allocate(batch, capacity, draws, eos, self.device, static=True))
 
         self._lent, _ = borrow(model, key, build)
