@@ -167,11 +167,22 @@ def fused_layers(lm: nn.Module) -> FusedLayers | None:
     return fused if fused.bind() else None
 
 
-def release_fused_weights(lm: nn.Module) -> None:
-    """Forget ``lm``'s fused groups (the parameters keep their storage: views of the stacked matrices,
-    which live as long as any parameter does). After ``model.to(...)`` the old matrices are freed at the
-    next decode, or at once by this call."""
-    lm.__dict__.pop(_ATTRIBUTE, None)
+def release_fused_weights(lm: nn.Module, unshare: bool = False) -> None:
+    """Forget ``lm``'s fused groups. The parameters keep their storage (views of the stacked matrices,
+    which live as long as any parameter does) unless ``unshare``: then each gets its own copy back, as
+    before its first decode -- for a library that refuses tensors sharing storage (accelerate's
+    ``save_state`` drops all but one of them from a safetensors checkpoint). After ``model.to(...)`` the
+    old matrices are freed at the next decode, or at once by this call."""
+    fused = lm.__dict__.pop(_ATTRIBUTE, None)
+    if not unshare or fused is None:
+        return
+    with torch.inference_mode(False), torch.no_grad():
+        for layer in fused.layers:
+            for group in layer.groups:
+                for p in group.parameters():
+                    if p is not None and group.tensor is not None and p.untyped_storage().data_ptr() == \
+                            group.tensor.untyped_storage().data_ptr():
+                        p.data = p.data.clone()  # the same Parameter object, in storage of its own
 
 
 class DecodeModel:

@@ -261,6 +261,31 @@ def test_parameters_are_views_of_the_fused_storage_and_a_checkpoint_still_saves(
     assert torch.equal(generate(again, ids, cfg).sequences, out)
 
 
+def test_accelerate_checkpoints_every_weight_once_released_unshared(tmp_path):
+    """accelerate's save_state drops tensors that share storage from its safetensors file: after a decode
+    the q/k/v and gate/up weights do (views of the fused matrices), and ``release_fused_weights(unshare=True)``
+    gives each its own storage back, so every weight is saved with its value and the next decode binds again."""
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+
+    model = tiny()
+    ids = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(3))
+    cfg = SamplingConfig(max_new_tokens=4, eos_token_id=[])
+    out = generate(model, ids, cfg).sequences
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    k_proj = model.lm.model.layers[0].self_attn.k_proj.weight
+    assert k_proj.untyped_storage().nbytes() > k_proj.numel() * k_proj.element_size()  # a view: shared
+    release_fused_weights(model.lm, unshare=True)
+    assert k_proj.untyped_storage().nbytes() == k_proj.numel() * k_proj.element_size()  # its own again
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    accelerator = Accelerator(cpu=True)
+    prepared = accelerator.prepare(model)
+    accelerator.save_state(str(tmp_path / "state"))
+    saved = load_file(str(tmp_path / "state" / "model.safetensors"))
+    assert set(saved) == set(want) and all(torch.equal(saved[k], want[k]) for k in want)
+    assert torch.equal(generate(prepared, ids, cfg).sequences, out)
+
+
 def edits():
     """Ways to change a weight after a decode: in place, through load_state_dict (copying, or assigning new
     storage), by assigning ``.data``, and a dtype change."""
