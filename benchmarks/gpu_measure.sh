@@ -8,7 +8,8 @@
 #   STEPS="env train_1b train_1b_new"   run only these steps (names below; default: all)
 #   STEPS=quick                         the decode check, BUDGET 300 s (5 minutes on an H100 with its
 #                                       compiles): env, deps, tail (the RPT step's sampling tail compiled
-#                                       at batch 1-16), pytest_cuda (every cuda-marked test), decode_quick
+#                                       at batch 1-16), flex (the decode's flex attention against sdpa at
+#                                       every query block it compiles), pytest_cuda (every cuda-marked test), decode_quick
 #                                       (compiled NTP and RPT at batch 1, 4 and 16)
 #   BASELINE=DIR                        also run the *_base steps from another checkout of the
 #                                       project (the previous commit: `git worktree add DIR HEAD~1`,
@@ -34,7 +35,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$SITE$PWD
 STEPS=${STEPS:-}
-if [ "$STEPS" = quick ]; then STEPS="env deps tail pytest_cuda decode_quick"; BUDGET=${BUDGET:-300}; fi
+if [ "$STEPS" = quick ]; then STEPS="env deps tail flex pytest_cuda decode_quick"; BUDGET=${BUDGET:-300}; fi
 BUDGET=${BUDGET:-780}
 BASELINE=${BASELINE:-}
 step() { local name=$1 t=$2; shift 2
@@ -78,6 +79,10 @@ PY
 # graph that crashed inductor at batch 1 (issue 36), in seconds, before anything larger.
 step tail 60 python3 benchmarks/rpt_tail_compile.py --device cuda --configs greedy sampled
 step tail_all 120 python3 benchmarks/rpt_tail_compile.py --device cuda --window 3
+# The fused decode call's attention alone (flex attention with eq. 4's rule as score_mod, no mask tensor)
+# against sdpa with the same rule's mask, at every query block the decode compiles: exit 1 if one fails
+# to compile or differs (then rpt.decode_model.FLEX_DEVICES is what to take "cuda" out of).
+step flex 60 python3 benchmarks/flex_decode_check.py --device cuda
 
 # Every cuda-marked test (compiled == eager in float32 at batch 1, 4 ragged, 16; bf16 agreement),
 # collected from the modules that hold one: a missing non-GPU dependency cannot stop their collection.
