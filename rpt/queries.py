@@ -265,8 +265,11 @@ class ModelQueries:
             vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
-        if vis.start is None:  # zero pads see what no pads see: one graph for padded and unpadded batches
-            vis = Visibility(vis.limit, torch.zeros(batch, dtype=torch.long, device=ids.device), vis.since)
+        # one graph whether a block was padded or not: zero pads see what no pads see, and a [Q] limit is
+        # every row's (a padded block's is [batch, Q])
+        start = torch.zeros(batch, dtype=torch.long, device=ids.device) if vis.start is None else vis.start
+        limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1).contiguous()
+        vis = Visibility(limit, start, vis.since)
         # an expanded (stride 0) input would compile a second graph for the same shapes
         ids, positions = ids.contiguous(), positions.contiguous()
         offsets = None if offsets is None else offsets.contiguous()

@@ -523,7 +523,9 @@ def test_compile_over_many_prompt_widths_never_falls_back_to_eager(models):
         torch._dynamo.reset()
     assert not [m for m in messages.seen if "recompile_limit" in m]
     assert 8 < graphs[1] <= 16  # past the default limit of 8, and bounded
-    assert graphs[0] <= 6  # one step graph per capacity bucket (and the short prefills'), not one per width
+    # not one per width: a step graph per capacity bucket (64, 128, 256) and a prefill graph per query
+    # bucket the widths meet (4, 8 and 64 in the first, 128, 256), padded or not: 8
+    assert graphs[0] <= 8
 
 
 @pytest.mark.slow
