@@ -106,6 +106,19 @@ def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
     return min(size, ceiling) if ceiling is not None and needed <= ceiling else size
 
 
+def batch_bucket(batch: int) -> int:
+    """The rows a compiled decode of ``batch`` rows runs (the others inert, :meth:`DecodeState.load
+    <rpt.sampling.decode_state.DecodeState.load>`): 1, 2, 4, 8, then four sizes per doubling (10, 12, 14,
+    16, 20, 24, 28, 32, 40, ...). Every distinct batch is a graph per step, so an evaluation whose last
+    batches vary would compile without end (dynamo's recompile limit); bucketed, batches up to 64 compile
+    16 sizes, up to 1024 32 (four per doubling), each past 8 padded by at most a quarter (vLLM captures
+    CUDA graphs at such sizes too: an extra row of a memory-bound step costs little)."""
+    if batch <= 8:
+        return bucket(batch)
+    step = bucket(batch) // 8  # a quarter of the largest power of two below batch
+    return -(-batch // step) * step
+
+
 def bucket(q: int) -> int:
     """The smallest power of two >= ``q``: the padded query count of a compiled call (fixed shapes)."""
     size = 1

@@ -1,9 +1,10 @@
 r"""The buffers a compiled decode borrows, pooled per model and bucket, so that every decode of a bucket
 runs its compiled (on CUDA: graph-replayed) steps on the same storage.
 
-A bucket is ``(batch, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
-capacity is rounded up (:func:`rpt.queries.capacity_bucket`), so decodes of many prompt widths share
-one entry, one set of compiled graphs and no re-capture.
+A bucket is ``(batch bucket, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
+capacity and the batch are rounded up (:func:`rpt.queries.capacity_bucket`, :func:`rpt.queries.batch_bucket`:
+the rows past a decode's are inert), so decodes of many prompt widths and batch sizes share one entry,
+one set of compiled graphs and no re-capture.
 
 **Who owns what, and when it is freed.** The pool owns its entries. An entry -- the
 :class:`~rpt.queries.ModelQueries` with its KV cache, the :class:`~rpt.sampling.decode_state.DecodeState`
