@@ -296,5 +296,8 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     ]
     for row in rows:
         print(f"{row['name']}: {_scores(row)} ({row['tokens_per_s']:.1f} tokens/s, {row['corrections']} corrections)")
+        note = sweep.fallback_note(row["name"], row["decoded_by"])
+        if note is not None:
+            print(note)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

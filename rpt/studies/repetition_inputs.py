@@ -65,7 +65,11 @@ def load_prompts(args, tokenizer) -> list[dict]:
 
 
 def item_key(setting: study.Setting, prompt: dict, args) -> str:
-    """The result store's key of one (setting, prompt): everything its record depends on."""
-    spec = json.dumps([setting.name, setting.overrides, prompt["prompt"], args.max_new_tokens, args.min_len, args.min_repeats],
-                      default=str)
+    """The result store's key of one (setting, prompt): everything its record depends on; a compiled
+    decode's key apart from an eager one's (as :func:`rpt.benchmarks.sweep.generation_key`; eager keys as
+    before)."""
+    parts = [setting.name, setting.overrides, prompt["prompt"], args.max_new_tokens, args.min_len, args.min_repeats]
+    if getattr(args, "compile", False):
+        parts.append({"compile": args.compile})
+    spec = json.dumps(parts, default=str)
     return hashlib.sha1(spec.encode()).hexdigest()
