@@ -109,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     paths.append(write_markdown(sibling(args.out, ".md"), "Degenerate repetition by sampler", [(cols, [[r[c] for c in cols] for r in rows])], notes))
     paths.append(save_figure(study.plot_study(rows), sibling(args.out, ".png")))
     print("degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in by_family.items()))
-    for row in rows:
-        note = fallback_note(row["setting"], row["decoded_by"])
-        if note is not None:
-            print(note)
+    for note in filter(None, (fallback_note(r["setting"], r["decoded_by"]) for r in rows)):
+        print(note)  # completions a compile failure decoded eagerly
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
