@@ -30,9 +30,10 @@ from collections.abc import Iterator
 
 import torch
 
-from rpt.compile_guard import guarded
+from rpt.compile_guard import dynamo_patch, guarded
 from rpt.decode_model import DecodeModel
 from rpt.kv_cache import PositionKVCache, sliding_window_of
+from rpt.shared_switch import switched
 from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -77,21 +78,26 @@ def check_attention(model) -> str | None:
     )
 
 
-@contextlib.contextmanager
-def attention_implementation(model, impl: str | None) -> Iterator[None]:
-    """Run the body with ``impl`` set on every config of ``model`` (None: unchanged), then restore."""
+def attention_implementation(model, impl: str | None) -> contextlib.AbstractContextManager:
+    """Run the body with ``impl`` set on every config of ``model`` (None: unchanged), then restore. The
+    configs are the model's, shared by every caller: two threads' calls overlapping switch them once
+    and restore them once, when the last one leaves (:mod:`rpt.shared_switch`); a plain call of another
+    thread meanwhile runs ``impl`` (sdpa: the same tokens as the model's own kernel, tested)."""
     if impl is None:
-        yield
-        return
-    configs = _configs(model)
-    saved = [c._attn_implementation_internal for c in configs]
-    try:
+        return contextlib.nullcontext()
+
+    def switch() -> list:
+        configs = _configs(model)
+        saved = [(c, c._attn_implementation_internal) for c in configs]
         for c in configs:
             c._attn_implementation_internal = impl
-        yield
-    finally:
-        for c, old in zip(configs, saved):
+        return saved
+
+    def restore(saved: list) -> None:
+        for c, old in saved:
             c._attn_implementation_internal = old
+
+    return switched(("attn_implementation", id(model), impl), switch, restore)
 
 
 def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
@@ -196,7 +202,8 @@ class ModelQueries:
         mask = None if plain else self.mask(vis, columns, self.cache.kv_len)
         kwargs = dict(position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
         if offsets is not None:
-            kwargs["offset_ids"] = offsets
+            # the decoder builds the offset rows in range; the model's check would read the device every call
+            kwargs["offset_ids"], kwargs["check_offsets"] = offsets, False
         if keep is not None:
             kwargs["logits_to_keep"] = keep
         return self.model(ids, **kwargs).logits
@@ -212,8 +219,7 @@ class ModelQueries:
         limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
         self.calls += 1
         self.cache.kv_len = self.capacity
-        with attention_implementation(self.model, self._switch), \
-                torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+        with attention_implementation(self.model, self._switch), dynamo_patch(recompile_limit=COMPILED_GRAPHS):
             yield
 
     def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
@@ -298,7 +304,7 @@ class ModelQueries:
         if fused is not None and not self.cache.layers[0].is_initialized:
             fused.allocate(self.cache, batch, ids.device)
         step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
-        with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+        with dynamo_patch(recompile_limit=COMPILED_GRAPHS):
             logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)
         if inner_keep is not None:
             return logits

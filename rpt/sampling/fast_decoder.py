@@ -610,19 +610,14 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
     Returns:
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
     """
-    checks = getattr(model, "check_offsets", None)
-    if checks is not None:
-        model.check_offsets = False  # the offsets are built here; its range check would sync every call
-    try:
-        with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
-            start = time.perf_counter()
-            inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            out = _decode(model, inputs, input_ids, streamer, start, compile)
-        out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
-        return out
-    finally:
-        if checks is not None:
-            model.check_offsets = checks
+    # nothing of the model is switched for the decode (two threads may decode with it at once): the offset
+    # rows' range check is skipped per call (rpt.queries), the attention switch is shared (rpt.shared_switch)
+    with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
+        start = time.perf_counter()
+        inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
+        out = _decode(model, inputs, input_ids, streamer, start, compile)
+    out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
+    return out
 
 
 def _run(decoder: Decoder) -> GenerateOutput:
