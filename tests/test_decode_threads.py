@@ -226,3 +226,35 @@ def test_threads_stacking_a_fresh_models_weights_bind_them_once(fast_switching, 
             assert group.current()
             for p in group.parameters():
                 assert p.untyped_storage().data_ptr() == group.tensor.untyped_storage().data_ptr()
+
+
+def test_custom_generate_in_two_threads_leaves_a_training_model_training():
+    """``model.generate(custom_generate=...)`` decodes in eval mode and puts the model back: two threads'
+    calls overlapping (A in, B in, A out, B out) on a model in training mode leave it in training mode
+    (each restoring its own, B would restore A's eval mode last)."""
+    from rpt.hf_generate import generate as custom_generate
+    from tests.tiny_models import tiny_llama
+
+    model = tiny_llama().train()
+    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
+    gates = {"A": Gate(a_inside, b_inside), "B": Gate(b_inside, a_done)}
+    errors = []
+
+    def decode(name: str) -> None:
+        try:
+            if name == "B":
+                assert a_inside.wait(WAIT)
+            custom_generate(model, torch.tensor([[3, 5, 7]]), max_new_tokens=3, streamer=gates[name])
+        except BaseException as error:  # noqa: BLE001 -- reported by the main thread
+            errors.append(error)
+        finally:
+            if name == "A":
+                a_done.set()
+
+    threads = [threading.Thread(target=decode, args=(name,)) for name in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 3)
+    assert not errors and gates["A"].waited and gates["B"].waited
+    assert all(m.training for m in model.modules())
