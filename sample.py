@@ -116,10 +116,10 @@ def _main(args: argparse.Namespace) -> int:
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
+    from rpt.devices import check_device
     from rpt.sampling import chat, randomness
     from rpt.sampling.loading import (
         check_checkpoint,
-        check_device,
         encode,
         load_model,
         load_tokenizer,

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 import sample
-from rpt.sampling.loading import check_device
+from rpt.devices import check_device
 from tests.inprocess_train import one_error_line
 
 NO_GPU = not torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("device, message", [
-    ("tpu9", "is not a device"), ("meta", "not a device the sampler runs on"), ("cuda:x", "is not a device"),
+    ("tpu9", "is not a device"), ("meta", "not a device to run a model on"), ("cuda:x", "is not a device"),
     pytest.param("cuda", "no cuda device visible", marks=pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")),
     ("cuda:99", "cuda"),
 ])

@@ -15,8 +15,8 @@ FAMILIES = ("none", "repetition", "frequency", "lz", "rpt_lz")
 
 def check_args(args) -> None:
     """``eval/repetition.py``'s flags before the model loads: one :class:`EvalInputError` naming the flag."""
+    from rpt.devices import check_device  # late: torch, only the script's checks
     from rpt.report import out_problem  # late: matplotlib, only the script needs it
-    from rpt.sampling.loading import check_device  # late: transformers, only the script's checks
 
     problem = out_problem(args.out)
     if problem is not None:
