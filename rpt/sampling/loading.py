@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM, load_causal_lm
 from rpt.model_ref import resolve_model_ref
 from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.sampling.chat import template_file_problem
@@ -62,15 +62,16 @@ def check_checkpoint(window: int | RPTConfig | None, config: SamplingConfig, che
 
 
 def load_model(checkpoint: str, window: int | RPTConfig | None, device: str, dtype: torch.dtype):
-    """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
+    """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``.
+    Both through :func:`rpt.model.load_causal_lm`: ``.bin`` weights that weights-only unpickling refuses
+    are one :class:`~rpt.checkpointing.CheckpointError` naming the file, nothing of them run."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one clean stats line on stderr, no loading bars
     checkpoint = os.path.expanduser(checkpoint)
     try:
         if window is None:
-            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+            model = load_causal_lm(checkpoint, dtype=dtype)
         else:
             model = RPTForCausalLM.from_pretrained(checkpoint, dtype=dtype)
     except OSError as e:
