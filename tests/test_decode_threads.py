@@ -48,6 +48,35 @@ class Gate:
         pass
 
 
+def overlapped(decode) -> dict:
+    """``decode(name, streamer)`` in threads A and B, forced into the order A enters, B enters, A finishes,
+    B finishes (each decode calls its streamer once it runs); their results by name. Fails on any
+    thread's error, or where the two did not overlap so."""
+    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
+    gates = {"A": Gate(a_inside, b_inside), "B": Gate(b_inside, a_done)}
+    outs, errors = {}, []
+
+    def run(name: str) -> None:
+        try:
+            if name == "B":
+                assert a_inside.wait(WAIT)
+            outs[name] = decode(name, gates[name])
+        except BaseException as error:  # noqa: BLE001 -- reported by the main thread
+            errors.append(error)
+        finally:
+            if name == "A":
+                a_done.set()
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 3)
+    assert not errors, errors
+    assert gates["A"].waited and gates["B"].waited  # the decodes did overlap, in that order
+    return outs
+
+
 def state_of(model) -> dict:
     """What a decode must leave as it found it: the offset check, every config's attention implementation,
     dynamo's limits."""
@@ -76,28 +105,8 @@ def test_two_threads_decode_their_own_tokens_and_leave_the_model_as_it_was(compi
     mask = torch.tensor([[0, 1, 1, 1, 1]])
     alone = {name: generate(model, ids, cfg, mask, compile=compile).sequences for name, ids in prompts.items()}
     before = state_of(model)
-    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
-    gates = {"A": Gate(a_inside, b_inside), "B": Gate(b_inside, a_done)}
-    outs, errors = {}, []
-
-    def decode(name: str) -> None:
-        try:
-            if name == "B":
-                assert a_inside.wait(WAIT)
-            outs[name] = generate(model, prompts[name], cfg, mask, compile=compile, streamer=gates[name]).sequences
-        except BaseException as error:  # noqa: BLE001 -- reported by the main thread
-            errors.append(error)
-        finally:
-            if name == "A":
-                a_done.set()
-
-    threads = [threading.Thread(target=decode, args=(name,)) for name in ("A", "B")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT * 3)
-    assert not errors, errors
-    assert gates["A"].waited and gates["B"].waited  # the decodes did overlap, in that order
+    outs = overlapped(lambda name, streamer: generate(model, prompts[name], cfg, mask, compile=compile,
+                                                      streamer=streamer).sequences)
     for name in ("A", "B"):
         assert torch.equal(outs[name], alone[name]), name
     assert state_of(model) == before and implementation_of(model) == "flex_attention"
@@ -236,25 +245,6 @@ def test_custom_generate_in_two_threads_leaves_a_training_model_training():
     from tests.tiny_models import tiny_llama
 
     model = tiny_llama().train()
-    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
-    gates = {"A": Gate(a_inside, b_inside), "B": Gate(b_inside, a_done)}
-    errors = []
-
-    def decode(name: str) -> None:
-        try:
-            if name == "B":
-                assert a_inside.wait(WAIT)
-            custom_generate(model, torch.tensor([[3, 5, 7]]), max_new_tokens=3, streamer=gates[name])
-        except BaseException as error:  # noqa: BLE001 -- reported by the main thread
-            errors.append(error)
-        finally:
-            if name == "A":
-                a_done.set()
-
-    threads = [threading.Thread(target=decode, args=(name,)) for name in ("A", "B")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT * 3)
-    assert not errors and gates["A"].waited and gates["B"].waited
+    overlapped(lambda name, streamer: custom_generate(model, torch.tensor([[3, 5, 7]]), max_new_tokens=3,
+                                                      streamer=streamer))
     assert all(m.training for m in model.modules())
