@@ -64,15 +64,18 @@ def test_the_traced_config_with_its_knob_tensor_proposes_what_the_config_propose
         assert torch.equal(block_proposals(traced, logits.clone(), n, n, fed, layout, its), want), (n, cfg)
 
 
+def graphs_of(fn) -> int:
+    """The graphs dynamo holds for ``fn``'s code (each compiled variant of it is one cache entry)."""
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
 def test_rows_padded_to_their_bucket_decode_as_alone(model):
     """3 rows (bucket 4; ragged widths), RPT with corrections: the compiled decode gives each row the eager
     tokens and the reference's, with the same model calls, and the row's tokens in a batch of 4 beside
-    another row: no inert row moves a real one. (Sampled with penalties and warpers at 5 and 7 rows, NTP
-    and RPT, in the next test.)"""
-    torch._dynamo.reset()
+    another row: no inert row moves a real one; another confidence runs the same graph of the step."""
     cfg = SamplingConfig(max_new_tokens=6, rpt_iters=1, confidence=0.3, eos_token_id=[])
-    batch = 3
-    ids, mask = prompts(batch, (9, 5, 7), seed=batch)
+    ids, mask = prompts(3, (9, 5, 7), seed=3)
+    before = graphs_of(compiled_rpt._fixed_step)
     compiled = generate(model, ids, cfg, attention_mask=mask, compile="eager")
     eager = generate(model, ids, cfg, attention_mask=mask)
     ref = generate_reference(model, ids, cfg, attention_mask=mask)
@@ -83,31 +86,28 @@ def test_rows_padded_to_their_bucket_decode_as_alone(model):
     four = generate(model, torch.cat([ids, other]), cfg, attention_mask=torch.cat([mask, torch.ones_like(other)]),
                     compile="eager", row_seeds=compiled.row_seeds + [7])
     assert torch.equal(four.sequences[:3], compiled.sequences)
-
-
-def graphs_of(fn) -> int:
-    """The graphs dynamo holds for ``fn``'s code (each compiled variant of it is one cache entry)."""
-    return len(_debug_get_cache_entry_list(fn.__code__))
+    other = dataclasses.replace(cfg, confidence=0.6)
+    assert torch.equal(generate(model, ids, other, attention_mask=mask, compile="eager").sequences,
+                       generate(model, ids, other, attention_mask=mask).sequences)
+    assert graphs_of(compiled_rpt._fixed_step) - before <= 1  # one graph for 3 and 4 rows, both confidences
 
 
 def test_batch_sizes_and_knob_values_of_one_bucket_share_the_graphs(model):
-    """Batches 5 and 7 (one bucket, 3 and 1 inert rows) under two temperatures, top-p values, repetition
-    penalties and confidences, NTP and RPT: one graph of the compiled NTP step and one of the RPT step
-    serve all four decodes of each (the knobs' values are tensors; which processors exist is the graph's),
-    with the eager tokens (and the reference's, once each). Before, each batch size and each value was a
-    graph."""
-    torch._dynamo.reset()
-    for rpt_iters in (0, 1):
-        for batch in (5, 7):
-            ids = torch.randint(0, V, (batch, 6), generator=torch.Generator().manual_seed(batch))
-            for temperature, top_p, penalty, confidence in ((0.7, 0.9, 1.2, 0.3), (1.3, 0.8, 1.5, 0.6)):
-                cfg = SamplingConfig(max_new_tokens=3, rpt_iters=rpt_iters, temperature=temperature, top_p=top_p,
-                                     repetition_penalty=penalty, confidence=confidence, eos_token_id=[], seed=1)
-                out = generate(model, ids, cfg, compile="eager")
-                assert torch.equal(out.sequences, generate(model, ids, cfg).sequences)
-                if batch == 5 and temperature == 0.7:
-                    assert torch.equal(out.sequences, generate_reference(model, ids, cfg).sequences)
-    assert graphs_of(compiled_ntp.ntp_step) == 1 and graphs_of(compiled_rpt._fixed_step) == 1
+    """Batches 3 and 4 (one bucket) under two temperatures, top-p values and repetition and frequency
+    penalties, sampled NTP: one graph of the compiled step serves all four decodes (the knobs' values are
+    tensors; which processors exist is the graph's), with the eager tokens (and the reference's once).
+    Before, each batch size and each value was a graph."""
+    before = graphs_of(compiled_ntp.ntp_step)
+    for batch in (3, 4):
+        ids = torch.randint(0, V, (batch, 6), generator=torch.Generator().manual_seed(batch))
+        for temperature, top_p, penalty in ((0.7, 0.9, 1.2), (1.3, 0.8, 1.5)):
+            cfg = SamplingConfig(max_new_tokens=4, temperature=temperature, top_p=top_p, repetition_penalty=penalty,
+                                 frequency_penalty=penalty - 1, eos_token_id=[], seed=1)
+            out = generate(model, ids, cfg, compile="eager")
+            assert torch.equal(out.sequences, generate(model, ids, cfg).sequences)
+            if batch == 3 and temperature == 0.7:
+                assert torch.equal(out.sequences, generate_reference(model, ids, cfg).sequences)
+    assert graphs_of(compiled_ntp.ntp_step) - before == 1
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_63_batch_sizes_and_two_temperatures_in_one_process(rpt_iters):
     with ``FailOnRecompileLimitHit``), here under two temperatures: strict mode (a fallback would raise),
     16 buckets' graphs, eager tokens. About a minute; the default suite keeps the guarantee with
     ``test_batch_sizes_and_knob_values_of_one_bucket_share_the_graphs`` and ``test_batch_buckets``."""
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # counted from none
     model = rpt_model(2).float()
     counter = CompileCounter()
     for batch in range(1, 64):
