@@ -39,7 +39,9 @@ from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibilit
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
 STEP_QUERIES = 8  # the most queries a decode step's call pads without a host check (the last 7 columns are free)
 # dynamo's recompile limit for the compiled model call: 7 capacity buckets (64 .. 4096) x the query buckets
-# a run meets (4 of a step, a few of its prefills) x padded rows or not
+# a run meets (4 of a step, a few of its prefills) x the batch buckets it meets (an evaluation's batch and its
+# last ones). Past it (every batch bucket at every capacity) the graph too many is a compile failure: that
+# decode runs eagerly, warned (rpt.compile_guard); dynamo's own cap of 256 graphs a function stays above it
 COMPILED_GRAPHS = 192
 
 
