@@ -26,6 +26,7 @@ import os
 import sys
 import time
 
+from rpt.append_log import NotAJSONObject, json_object_lines
 from rpt.entry_defaults import SAMPLE, explain_defaults
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
@@ -60,24 +61,14 @@ def read_prompts(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"prompts file {path!r} does not exist")
     records = []
-    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is named with its number
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path} line {lineno}: not UTF-8 text (byte {e.start + 1} of the line); save the "
-                                 "file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path} line {lineno}: expected a JSON object with a 'prompt' field")
+    try:
+        for lineno, rec in json_object_lines(path):
             if not isinstance(rec.get("prompt"), str):
                 raise ValueError(f"{path} line {lineno}: 'prompt' must be present and a string")
             records.append({"id": rec.get("id", len(records)), "prompt": rec["prompt"]})
+    except NotAJSONObject as e:
+        problem = e.problem("invalid JSON ({})", "expected a JSON object with a 'prompt' field")
+        raise ValueError(f"{path} line {e.line}: {problem}") from None
     if not records:
         raise ValueError(f"{path} holds no prompts")
     return records
@@ -116,10 +107,10 @@ def _main(args: argparse.Namespace) -> int:
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
+    from rpt.devices import check_device
     from rpt.sampling import chat, randomness
     from rpt.sampling.loading import (
         check_checkpoint,
-        check_device,
         encode,
         load_model,
         load_tokenizer,

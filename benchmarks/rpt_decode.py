@@ -177,7 +177,6 @@ def decoders(args, model: RPTForCausalLM, prompt: torch.Tensor) -> dict:
         out.update({NTP_COMPILED: (ntp_cfg, True), RPT_COMPILED: (rpt_cfg, True)})
     if args.corrections is not None:
         top: list[float] = []
-        model.check_offsets = False
         with torch.inference_mode():
             bare_calls(model, prompt, min(args.new_tokens, 64), True, ptp_top=top)
         eta = float(torch.tensor(top).quantile(1 - args.corrections))
@@ -212,7 +211,6 @@ def measure(args, model: RPTForCausalLM, prompt: torch.Tensor, decoders: dict) -
         first[name], _ = timed(lambda cfg=cfg, c=compiled: generate(model, prompt, cfg, compile=c), args.device)
     if not args.no_hf:
         hf()
-    model.check_offsets = False  # as generate does: the offsets are well formed by construction
     if not args.compiled_only:
         with torch.inference_mode():
             for fused in bare:

@@ -50,8 +50,10 @@ CONFIGS = {
 
 def tail(s: DecodeState, config: SamplingConfig, layout: ProposalLayout, logits: torch.Tensor, fed: torch.Tensor,
          out: torch.Tensor) -> None:
-    """The common step after its model call, at the state's column, on the rotated contexts (as compiled)."""
-    step_tail(s, config, s.n, layout, RotatedContexts(config, s.seeds, s.seqs, s.prompt, s.pads), logits, fed, out)
+    """The common step after its model call, at the state's column, on the rotated contexts with the state's
+    knob tensor (as compiled: with ``config.traced()``)."""
+    step_tail(s, config, s.n, layout, RotatedContexts(config, s.seeds, s.seqs, s.prompt, s.pads, s.knobs), logits, fed,
+              out)
 
 
 def state(config: SamplingConfig, batch: int, vocab: int, device: torch.device, seed: int) -> DecodeState:
@@ -59,7 +61,7 @@ def state(config: SamplingConfig, batch: int, vocab: int, device: torch.device, 
     g = torch.Generator().manual_seed(seed)
     s = DecodeState.allocate(batch, CAPACITY, ntp_draws(config), 1, device, static=True)
     rows = torch.randint(0, vocab, (batch, PROMPT), generator=g).tolist()
-    s.load(rows, PROMPT, [0] * batch, [128] * batch, list(range(batch)), [vocab - 1], 0)
+    s.load(rows, PROMPT, [0] * batch, [128] * batch, list(range(batch)), [vocab - 1], 0, config.knob_values())
     s.seqs[:, : PROMPT + 6].copy_(torch.randint(0, vocab, (batch, PROMPT + 6), generator=g))
     s.n.fill_(PROMPT + 5)
     s.alive.fill_(True)
@@ -90,28 +92,29 @@ def run_case(name: str, batch: int, args, device: torch.device, dtype: torch.dty
     if args.fake_cuda:
         from fake_cuda import schedule_on_fake_cuda
 
-        nodes = schedule_on_fake_cuda(tail, compiled_s, config, layout, logits, fed, outs[1])
+        nodes = schedule_on_fake_cuda(tail, compiled_s, config.traced(), layout, logits, fed, outs[1])
         return f"scheduled for CUDA: {nodes} fused nodes"
     # a processor's module-level cache (the LZ tables) is filled eagerly first, as the decode does
     tail(eager_s, config, layout, logits.clone(), fed, outs[0])
     eager_s = state(config, batch, args.vocab, device, seed=batch)
     tail(eager_s, config, layout, logits.clone(), fed, outs[0])
     compiled = compile_step(tail, args.backend, device)
+    traced = config.traced()  # as the decode: the float knobs read from the state's tensor
     start = compiled_s.n.clone()
     sync(device)
     t0 = time.perf_counter()
-    compiled(compiled_s, config, layout, logits, fed, outs[1])
+    compiled(compiled_s, traced, layout, logits, fed, outs[1])
     sync(device)
     first = time.perf_counter() - t0
     equal = all(torch.equal(a, b) for a, b in zip(buffers(eager_s, outs[0]), buffers(compiled_s, outs[1])))
     for _ in range(2):  # CUDA-graph trees: a warm-up run, then the capture
         compiled_s.n.copy_(start)
-        compiled(compiled_s, config, layout, logits, fed, outs[1])
+        compiled(compiled_s, traced, layout, logits, fed, outs[1])
     sync(device)
     t0 = time.perf_counter()
     for _ in range(args.repeats):
         compiled_s.n.copy_(start)
-        compiled(compiled_s, config, layout, logits, fed, outs[1])
+        compiled(compiled_s, traced, layout, logits, fed, outs[1])
     sync(device)
     replay = (time.perf_counter() - t0) / args.repeats
     return f"compile+first {first:6.2f} s   replay {replay * 1e6:8.1f} us   equal to eager: {equal}"

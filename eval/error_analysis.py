@@ -27,8 +27,8 @@ import sys
 import torch
 
 from rpt.benchmarks.jsonl import EvalInputError
+from rpt.devices import check_device
 from rpt.report import out_problem
-from rpt.sampling.loading import check_device
 from rpt.studies.error_analysis_run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"

@@ -25,6 +25,7 @@ from rpt.benchmarks.generation import (
     split_across_processes,
 )
 from rpt.benchmarks.jsonl import EvalInputError
+from rpt.benchmarks.sweep import fallback_note
 from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                       on_batch=bar.update, compile=args.compile)
                 for p, o in zip(todo, outs):
                     rec = study.score_continuation(model, o["prompt_ids"], o["new_ids"], args.min_len, args.min_repeats)
-                    store.add(item_key(s, p, args), {**rec, "id": p["id"], "text": o["text"]})
+                    store.add(item_key(s, p, args), {**rec, "id": p["id"], "text": o["text"], "path": o["path"]})
             records[s.name] = gather([store.get(item_key(s, p, args)) for p in mine])
     rows = study.summarise(settings, records)
     first_t = args.temperatures[0]
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     paths.append(write_markdown(sibling(args.out, ".md"), "Degenerate repetition by sampler", [(cols, [[r[c] for c in cols] for r in rows])], notes))
     paths.append(save_figure(study.plot_study(rows), sibling(args.out, ".png")))
     print("degenerate rate: " + ", ".join(f"{k} {v:.3f}" for k, v in by_family.items()))
+    for note in filter(None, (fallback_note(r["setting"], r["decoded_by"]) for r in rows)):
+        print(note)  # completions a compile failure decoded eagerly
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,15 +109,54 @@ def read_log(path: str, parse: Callable[[str], Any], what: str, keep_unterminate
     return out
 
 
+class NotAJSONObject(ValueError):
+    """A line of JSON Lines that is not a JSON object. ``kind``: ``"utf8"`` (``detail``: its first byte that
+    is not UTF-8, 1-based in the line), ``"json"`` (json's message) or ``"type"`` (the JSON value's type
+    name); ``line``: its number, where it was read from a file. The message is :func:`read_log`'s."""
+
+    def __init__(self, kind: str, detail: Any, line: int | None = None):
+        self.kind, self.detail, self.line = kind, detail, line
+        super().__init__({"utf8": f"is not UTF-8 text (byte {detail} of the line)", "json": f"not JSON: {detail}",
+                          "type": f"a JSON {detail}, not an object"}[kind])
+
+    def problem(self, json: str, type: str) -> str:
+        """The problem in a reader's words: ``json`` / ``type`` formatted with the detail; the UTF-8 one is
+        every reader's."""
+        if self.kind == "utf8":
+            return f"not UTF-8 text (byte {self.detail} of the line); save the file as UTF-8"
+        return (json if self.kind == "json" else type).format(self.detail)
+
+
 def json_object(text: str) -> dict[str, Any]:
-    """One line of a JSON Lines log as its object (``ValueError`` saying why not, for :func:`read_log`)."""
+    """One line of JSON Lines as its object (:class:`NotAJSONObject` saying why not): the one parse of a
+    line of the run's logs (:func:`read_log`), of user JSONL (``rpt.benchmarks.jsonl``) and of
+    ``sample.py --prompts``."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON: {e.msg}") from None
+        raise NotAJSONObject("json", e.msg) from None
     if not isinstance(value, dict):
-        raise ValueError(f"a JSON {type(value).__name__}, not an object")
+        raise NotAJSONObject("type", type(value).__name__)
     return value
+
+
+def json_object_lines(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each line of the JSON Lines file ``path``, blank lines skipped; the first
+    line that is not UTF-8 text, not JSON or not an object raises :class:`NotAJSONObject` with its number.
+    Read as bytes, so that a line that is not UTF-8 is named by its number."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise NotAJSONObject("utf8", e.start + 1, number) from None
+            if not text.strip():
+                continue
+            try:
+                value = json_object(text)
+            except NotAJSONObject as e:
+                raise NotAJSONObject(e.kind, e.detail, number) from None
+            yield number, value
 
 
 def check_increasing(lines: LogLines, step_of: Callable[[Any], int], what: str) -> None:

@@ -13,6 +13,10 @@ the host, outside every guarded call, and pass through unchanged.
 
 **Strict mode** (``RPT_STRICT_COMPILE=1``, what the tests and ``make bench-gpu`` set): the failure is
 raised instead of falling back.
+
+**The decode's dynamo settings** (:func:`dynamo_patch`: the raised recompile limit of its compiled calls,
+:func:`failing_at_recompile_limit`) are patched so that two decodes in two threads may overlap and leave
+the process's config as it was.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
+
+from rpt.shared_switch import switched
 
 STRICT_ENV = "RPT_STRICT_COMPILE"
 
@@ -83,14 +90,46 @@ def guarded(fn: Callable) -> Callable:
     return call
 
 
-@contextlib.contextmanager
-def failing_at_recompile_limit() -> Iterator[None]:
+@functools.cache
+def _patches_are_thread_local() -> bool:
+    """Whether ``torch._dynamo.config.patch`` changes the config for the calling thread only (torch's
+    thread-local config layer; before it, a patch was process-wide). Probed once: a patch seen from
+    another thread is process-wide."""
+    config, seen = torch._dynamo.config, []
+    with config.patch(recompile_limit=config.recompile_limit + 1):
+        probe = threading.Thread(target=lambda: seen.append(config.recompile_limit))
+        probe.start()
+        probe.join()
+    return seen[0] == config.recompile_limit
+
+
+def dynamo_patch(**values) -> contextlib.AbstractContextManager:
+    """``torch._dynamo.config.patch(**values)`` that two decodes in two threads may overlap: thread-local
+    where torch's patches are; elsewhere set by the first thread to enter and restored by the last
+    (:mod:`rpt.shared_switch`), so that the process's config ends as it was (saved and restored by each,
+    the second would restore the first's patched value last)."""
+    config = torch._dynamo.config
+    if _patches_are_thread_local():
+        return config.patch(**values)
+    key = ("torch._dynamo.config", *sorted(values.items()))
+
+    def switch() -> dict:
+        saved = {name: getattr(config, name) for name in values}
+        for name, value in values.items():
+            setattr(config, name, value)
+        return saved
+
+    def restore(saved: dict) -> None:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+    return switched(key, switch, restore)
+
+
+def failing_at_recompile_limit() -> contextlib.AbstractContextManager:
     """Dynamo raises ``FailOnRecompileLimitHit`` at its recompile limit instead of silently running the
     frame eagerly from then on (a decode reported as compiled that is not): the failure a guarded call
     turns into a fallback with a warning. The option exists in torch 2.6 and later; a no-op before."""
-    config = torch._dynamo.config
-    if not hasattr(config, "fail_on_recompile_limit_hit"):
-        yield
-        return
-    with config.patch(fail_on_recompile_limit_hit=True):
-        yield
+    if not hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        return contextlib.nullcontext()
+    return dynamo_patch(fail_on_recompile_limit_hit=True)

@@ -26,6 +26,7 @@ the model's own forward.
 from __future__ import annotations
 
 import importlib
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,7 @@ _PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 FLEX_DEVICES = {"cuda"}
 FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATTRIBUTE = "_rpt_fused_layers"  # on the HF model: its FusedLayers (not a submodule, parameter or buffer)
+_LOCK = threading.RLock()  # stacking and rebinding the weights: one thread at a time (fused_layers)
 
 
 def base_of(model) -> nn.Module:
@@ -158,13 +160,17 @@ class FusedLayers:
 
 
 def fused_layers(lm: nn.Module) -> FusedLayers | None:
-    """``lm``'s fused layers, bound to its current parameters (None: the fused call cannot run it)."""
-    if unsupported(lm) is not None:
-        return None
-    fused = lm.__dict__.get(_ATTRIBUTE)
-    if fused is None or not fused.same_structure(lm):
-        fused = lm.__dict__[_ATTRIBUTE] = FusedLayers(lm)
-    return fused if fused.bind() else None
+    """``lm``'s fused layers, bound to its current parameters (None: the fused call cannot run it). One
+    thread at a time: two decodes starting together on a fresh model (or after ``model.to(...)``) would
+    otherwise both stack the weights and rebind the parameters, one of them to a matrix the other's
+    groups do not hold; the second finds them bound."""
+    with _LOCK:
+        if unsupported(lm) is not None:
+            return None
+        fused = lm.__dict__.get(_ATTRIBUTE)
+        if fused is None or not fused.same_structure(lm):
+            fused = lm.__dict__[_ATTRIBUTE] = FusedLayers(lm)
+        return fused if fused.bind() else None
 
 
 def release_fused_weights(lm: nn.Module, unshare: bool = False) -> None:
@@ -173,7 +179,8 @@ def release_fused_weights(lm: nn.Module, unshare: bool = False) -> None:
     before its first decode -- for a library that refuses tensors sharing storage (accelerate's
     ``save_state`` drops all but one of them from a safetensors checkpoint). After ``model.to(...)`` the
     old matrices are freed at the next decode, or at once by this call."""
-    fused = lm.__dict__.pop(_ATTRIBUTE, None)
+    with _LOCK:
+        fused = lm.__dict__.pop(_ATTRIBUTE, None)
     if not unshare or fused is None:
         return
     with torch.inference_mode(False), torch.no_grad():
@@ -218,7 +225,7 @@ class DecodeModel:
 
     def embed(self, ids: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
         if self.takes_offsets:
-            return self.model.embed(ids, offsets)
+            return self.model.embed(ids, offsets, check=False)  # in range: the decoder built them
         return self.lm.get_input_embeddings()(ids)
 
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, offsets: torch.Tensor | None,

@@ -31,6 +31,7 @@ from rpt.rpt_config import read_rpt_config
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.fast_decoder import generate as rpt_generate
 from rpt.sampling.loading import check_checkpoint
+from rpt.shared_switch import switched
 
 _FIELDS = {f.name for f in dataclasses.fields(SamplingConfig)}
 # Arguments transformers' generate forwards on every call; they carry nothing RPT uses.
@@ -84,10 +85,13 @@ def generate(model, input_ids: torch.Tensor | None = None, inputs: torch.Tensor 
     config = sampling_config(model, kwargs)
     rpt = rpt_model_for(model, rpt_checkpoint, config.rpt_iters)
     check_checkpoint(getattr(rpt, "window", None), config, str(rpt_checkpoint or model.name_or_path))
-    was_training = rpt.training
-    rpt.eval()
-    try:
+    def to_eval() -> bool:
+        was = rpt.training
+        rpt.eval()
+        return was
+
+    # in eval mode for the decode and as found after it, counted per base model (a wrapper made per call
+    # shares it): two threads' calls overlapping on a model in training mode leave it so (rpt.shared_switch)
+    with switched(("eval mode", id(getattr(rpt, "lm", rpt))), to_eval, rpt.train):
         out = rpt_generate(rpt, ids, config, attention_mask, tokenizer=tokenizer, streamer=streamer, compile=compile)
-    finally:
-        rpt.train(was_training)
     return out if return_dict_in_generate else out.sequences

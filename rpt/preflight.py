@@ -121,7 +121,7 @@ def check_train_device(flag: str = "--device") -> None:
         raise ConfigError(f"{flag} {name!r} names the device of a one-process run, but this is process "
                           f"{os.environ.get('RANK', '?')} of {os.environ['WORLD_SIZE']}: each launched process takes its "
                           "own device; leave it out (CUDA_VISIBLE_DEVICES picks the GPUs)")
-    from rpt.sampling.loading import check_device  # late: torch, only where a device is named
+    from rpt.devices import check_device  # late: torch, only where a device is named
 
     try:
         check_device(name, flag)

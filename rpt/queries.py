@@ -30,15 +30,18 @@ from collections.abc import Iterator
 
 import torch
 
-from rpt.compile_guard import guarded
+from rpt.compile_guard import dynamo_patch, guarded
 from rpt.decode_model import DecodeModel
 from rpt.kv_cache import PositionKVCache, sliding_window_of
+from rpt.shared_switch import switched
 from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
 STEP_QUERIES = 8  # the most queries a decode step's call pads without a host check (the last 7 columns are free)
 # dynamo's recompile limit for the compiled model call: 7 capacity buckets (64 .. 4096) x the query buckets
-# a run meets (4 of a step, a few of its prefills) x padded rows or not
+# a run meets (4 of a step, a few of its prefills) x the batch buckets it meets (an evaluation's batch and its
+# last ones). Past it (every batch bucket at every capacity) the graph too many is a compile failure: that
+# decode runs eagerly, warned (rpt.compile_guard); dynamo's own cap of 256 graphs a function stays above it
 COMPILED_GRAPHS = 192
 
 
@@ -77,21 +80,26 @@ def check_attention(model) -> str | None:
     )
 
 
-@contextlib.contextmanager
-def attention_implementation(model, impl: str | None) -> Iterator[None]:
-    """Run the body with ``impl`` set on every config of ``model`` (None: unchanged), then restore."""
+def attention_implementation(model, impl: str | None) -> contextlib.AbstractContextManager:
+    """Run the body with ``impl`` set on every config of ``model`` (None: unchanged), then restore. The
+    configs are the model's, shared by every caller: two threads' calls overlapping switch them once
+    and restore them once, when the last one leaves (:mod:`rpt.shared_switch`); a plain call of another
+    thread meanwhile runs ``impl`` (sdpa: the same tokens as the model's own kernel, tested)."""
     if impl is None:
-        yield
-        return
-    configs = _configs(model)
-    saved = [c._attn_implementation_internal for c in configs]
-    try:
+        return contextlib.nullcontext()
+
+    def switch() -> list:
+        configs = _configs(model)
+        saved = [(c, c._attn_implementation_internal) for c in configs]
         for c in configs:
             c._attn_implementation_internal = impl
-        yield
-    finally:
-        for c, old in zip(configs, saved):
+        return saved
+
+    def restore(saved: list) -> None:
+        for c, old in saved:
             c._attn_implementation_internal = old
+
+    return switched(("attn_implementation", id(model), impl), switch, restore)
 
 
 def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
@@ -104,6 +112,19 @@ def capacity_bucket(needed: int, ceiling: int | None = None) -> int:
     while size < needed:
         size *= 2
     return min(size, ceiling) if ceiling is not None and needed <= ceiling else size
+
+
+def batch_bucket(batch: int) -> int:
+    """The rows a compiled decode of ``batch`` rows runs (the others inert, :meth:`DecodeState.load
+    <rpt.sampling.decode_state.DecodeState.load>`): 1, 2, 4, 8, then four sizes per doubling (10, 12, 14,
+    16, 20, 24, 28, 32, 40, ...). Every distinct batch is a graph per step, so an evaluation whose last
+    batches vary would compile without end (dynamo's recompile limit); bucketed, batches up to 64 compile
+    16 sizes, up to 1024 32 (four per doubling), each past 8 padded by at most a quarter (vLLM captures
+    CUDA graphs at such sizes too: an extra row of a memory-bound step costs little)."""
+    if batch <= 8:
+        return bucket(batch)
+    step = bucket(batch) // 8  # a quarter of the largest power of two below batch
+    return -(-batch // step) * step
 
 
 def bucket(q: int) -> int:
@@ -183,7 +204,8 @@ class ModelQueries:
         mask = None if plain else self.mask(vis, columns, self.cache.kv_len)
         kwargs = dict(position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True)
         if offsets is not None:
-            kwargs["offset_ids"] = offsets
+            # the decoder builds the offset rows in range; the model's check would read the device every call
+            kwargs["offset_ids"], kwargs["check_offsets"] = offsets, False
         if keep is not None:
             kwargs["logits_to_keep"] = keep
         return self.model(ids, **kwargs).logits
@@ -199,8 +221,7 @@ class ModelQueries:
         limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
         self.calls += 1
         self.cache.kv_len = self.capacity
-        with attention_implementation(self.model, self._switch), \
-                torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+        with attention_implementation(self.model, self._switch), dynamo_patch(recompile_limit=COMPILED_GRAPHS):
             yield
 
     def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
@@ -288,7 +309,7 @@ class ModelQueries:
         if fused is not None and not self.cache.layers[0].is_initialized:
             fused.allocate(self.cache, batch, ids.device)
         step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
-        with torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS):
+        with dynamo_patch(recompile_limit=COMPILED_GRAPHS):
             logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)
         if inner_keep is not None:
             return logits

@@ -78,4 +78,20 @@ def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
     return Start(path, state, changed, verified=value)
 
 
-__all__ = ["Start", "plan_start", "ConfigError", "CheckpointError"]
+def check_same_data(start: Start, data_key: str | None, train) -> None:
+    """A checkpoint's ``data_position`` is a place in the tokens it was trained on (``data_key`` in its
+    trainer_state.json, :meth:`rpt.data.token_store.TokenStore.content_key`): resumed over other tokens
+    (a corpus rewritten since, whose store was prepared again), it would go on training on other data
+    from there without a word, so it is refused, on every rank alike, before the model is prepared.
+    Checkpoints written before they recorded the key, and streamed data (no key), resume as before."""
+    recorded = start.state.get("data_key")
+    if recorded is None or data_key is None or recorded == data_key:
+        return
+    store = getattr(getattr(getattr(train, "packed", None), "store", None), "path", "?")
+    raise ConfigError(
+        f"{start.checkpoint} was trained on token data {recorded}, but the training data is now {data_key} "
+        f"({store}: the corpus changed since): its data_position {start.state['data_position']} would continue in "
+        f"other data; restore the corpus it was trained on, or start a new output_dir")
+
+
+__all__ = ["Start", "plan_start", "check_same_data", "ConfigError", "CheckpointError"]

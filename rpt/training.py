@@ -52,7 +52,7 @@ from rpt.micro_batch import choose as choose_micro_batch
 from rpt.model import RPTForCausalLM
 from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
 from rpt.plotting import plot_loss_curves
-from rpt.resume import Start, plan_start
+from rpt.resume import Start, check_same_data, plan_start
 from rpt.rpt_config import read_rpt_config
 from rpt.run_log import RunLog, fit_warmup, step_line, summary_lines
 from rpt.run_record import append_segment, copy_segments, write_config_record
@@ -564,6 +564,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     with accelerator.main_process_first():  # the main process writes token stores first
         train = build_packed(steps_cfg, "train", tokenizer, rank, world)
         val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
+    # the tokens a data_position is a place in (a stream has no key); a resume over other tokens is refused
+    data_key = train.data_key() if hasattr(train, "data_key") else None
+    check_same_data(start, data_key, train)
     configure_deepspeed(accelerator, steps_cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
@@ -647,7 +650,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             speed.restart()  # evaluation and logging time is not training throughput
 
         if saves:
-            save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(), split_record(split, draws))
+            save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(),
+                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {})})
             speed.restart()
     bar.close()
 

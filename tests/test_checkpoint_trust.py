@@ -228,9 +228,12 @@ def test_two_processes_refuse_a_changed_checkpoint_together(tmp_path):
     assert res.stderr.count("optimizer.bin changed after the checkpoint was written") == 2, res.stderr[-3000:]
 
 
-def test_a_hostile_pytorch_model_bin_is_one_line_naming_it_and_runs_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["rpt", "plain"])
+def test_a_hostile_pytorch_model_bin_is_one_line_naming_it_and_runs_nothing(tmp_path, capsys, kind):
     """transformers reads .bin weights weights-only and refuses this one; the refusal is one line naming
-    the file (not a 10-line UnpicklingError) at every entry point that loads a model directory."""
+    the file (not a 10-line UnpicklingError) at every entry point that loads a model directory: an RPT
+    checkpoint, and a plain causal LM (``sample.py --rpt-iters 0``, which loaded it with
+    ``AutoModelForCausalLM`` directly: a traceback)."""
     from rpt.model import RPTForCausalLM
     from tests.scripts import load_script
     from tests.tiny_models import save_tiny_checkpoint
@@ -240,11 +243,17 @@ def test_a_hostile_pytorch_model_bin_is_one_line_naming_it_and_runs_nothing(tmp_
     for name in os.listdir(ckpt):
         if name.endswith(".safetensors"):
             os.remove(ckpt / name)
+    if kind == "plain":  # no RPT record: a plain Hugging Face model directory
+        os.remove(ckpt / "rpt_config.json")
+        shutil.rmtree(ckpt / "rpt_table", ignore_errors=True)
     marker = tmp_path / "marker"
     plant(ckpt / "pytorch_model.bin", marker)
-    with pytest.raises(CheckpointError, match=r"pytorch_model.bin is not plain tensor data"):
-        RPTForCausalLM.from_pretrained(ckpt)
+    if kind == "rpt":
+        with pytest.raises(CheckpointError, match=r"pytorch_model.bin is not plain tensor data"):
+            RPTForCausalLM.from_pretrained(ckpt)
     capsys.readouterr()
-    assert load_script("sample.py").main(["--checkpoint", str(ckpt), "--prompt", "x", "--max-new-tokens", "1"]) == 2
-    assert str(ckpt / "pytorch_model.bin") in one_error_line(capsys.readouterr().err)
+    argv = ["--checkpoint", str(ckpt), "--prompt", "x", "--max-new-tokens", "1", "--rpt-iters", "0"]
+    assert load_script("sample.py").main(argv[: 6 if kind == "rpt" else 8]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(ckpt / "pytorch_model.bin") in line and "is not plain tensor data" in line
     assert not marker.exists()

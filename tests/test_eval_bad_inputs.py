@@ -220,7 +220,7 @@ EVAL_SCRIPTS = ["eval/humaneval.py", "eval/gsm8k.py", "eval/repetition.py", "eva
 
 
 @pytest.mark.parametrize("script", EVAL_SCRIPTS)
-@pytest.mark.parametrize("device, message", [("meta", "not a device the sampler runs on"),
+@pytest.mark.parametrize("device, message", [("meta", "not a device to run a model on"),
                                              pytest.param("cuda", "no cuda device visible", marks=pytest.mark.skipif(
                                                  __import__("torch").cuda.is_available(), reason="a GPU is visible"))])
 def test_a_device_this_machine_lacks_is_one_line(script, device, message, tmp_path, capsys):

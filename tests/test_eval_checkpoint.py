@@ -7,6 +7,7 @@ never the pass rate.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -252,6 +253,60 @@ def test_stored_generations_are_not_reused_for_another_dtype_or_retrained_weight
     weights = copy / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # rewritten in place
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 6
+
+
+@needs_data
+def test_compiled_eager_and_fallback_completions_are_recorded_and_kept_apart(scripts, ckpt, calls, tmp_path,
+                                                                             monkeypatch, capsys):
+    """Every stored completion records the decode that made it (``compiled``, ``eager``, ``fallback``); a run
+    resumed with another ``--compile`` generates anew instead of mixing the two, each kind resuming its
+    own; completions a compile failure made eagerly are counted in the report and said in one line. (The
+    scripts' ``--compile`` is inductor: here the decode's backend is swapped for dynamo's ``eager``, or
+    for one that raises.)"""
+    from rpt.compile_guard import STRICT_ENV
+    from rpt.sampling import texts
+    from tests.test_compile_fallback import Broken
+
+    backend, real = {"compile": "eager"}, texts.generate
+    monkeypatch.setattr(texts, "generate", lambda *a, compile=False, **k: real(
+        *a, compile=backend["compile"] if compile else False, **k))
+    out = tmp_path / "g.json"
+    argv = ["--checkpoint", ckpt["rpt"], "--data", str(DATA / "test.jsonl"), "--limit", "2", "--shots", "1",
+            "--rpt-iters", "0", "--max-new-tokens", "3", "--out", str(out)]
+
+    def decoded_by():
+        return json.loads(out.read_text())["settings"][0]["decoded_by"]
+
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2 and decoded_by() == {"eager": 2}
+    assert scripts["gsm8k"].main([*argv, "--compile"]) == 0 and n_prompts(calls) == 4  # not the eager ones
+    assert decoded_by() == {"compiled": 2}
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 4 and decoded_by() == {"eager": 2}  # resumed
+    assert "compile failure" not in capsys.readouterr().out
+    monkeypatch.setenv(STRICT_ENV, "0")
+    backend["compile"] = Broken()
+    with pytest.warns(RuntimeWarning, match="ran eagerly"):
+        assert scripts["gsm8k"].main([*argv, "--compile", "--fresh"]) == 0
+    assert n_prompts(calls) == 6 and decoded_by() == {"fallback": 2}
+    lines = [line for line in capsys.readouterr().out.splitlines() if "compile failure" in line]
+    assert lines == ["note: rpt0_t0: 2 of 2 completions were decoded eagerly after a compile failure "
+                     "(compile_fallback; their tokens/s are eager ones)"]
+    stored = [json.loads(line)["record"] for line in sibling_items(out).read_text().splitlines()]
+    assert {r["batch"]["path"] for r in stored if "batch" in r} == {"fallback"}
+
+
+def test_an_eager_completion_keeps_the_key_it_had():
+    """Stores written before completions recorded their decode resume as before: an eager key is unchanged
+    (the spec of 9fbd713), a compiled one differs."""
+    import hashlib
+
+    from rpt.sampling import SamplingConfig
+
+    config = SamplingConfig(max_new_tokens=4)
+    spec = json.dumps({"checkpoint": "hub/model", "weights": "w", "config": dataclasses.asdict(config), "item": 3,
+                       "sample": 0, "prompt": "p"}, sort_keys=True, default=str)
+    before = f"gen:3:0:{hashlib.sha1(spec.encode()).hexdigest()[:20]}"
+    assert sweep.generation_key("hub/model", config, 3, 0, "p", "w") == before
+    assert sweep.generation_key("hub/model", config, 3, 0, "p", "w", compile=True) != before
 
 
 @needs_data

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 import sample
-from rpt.sampling.loading import check_device
+from rpt.devices import check_device
 from tests.inprocess_train import one_error_line
 
 NO_GPU = not torch.cuda.is_available()
 
 
 @pytest.mark.parametrize("device, message", [
-    ("tpu9", "is not a device"), ("meta", "not a device the sampler runs on"), ("cuda:x", "is not a device"),
+    ("tpu9", "is not a device"), ("meta", "not a device to run a model on"), ("cuda:x", "is not a device"),
     pytest.param("cuda", "no cuda device visible", marks=pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")),
     ("cuda:99", "cuda"),
 ])
@@ -57,3 +57,31 @@ def test_numeric_flags_out_of_range_are_one_line_before_loading(tmp_path, capsys
     code = sample.main(["--checkpoint", str(tmp_path / "absent"), "--prompt", "x", "--device", "cpu", *flags])
     line = one_error_line(capsys.readouterr().err)
     assert code == 2 and message in line
+
+
+@pytest.mark.parametrize("line, prompts, benchmarks, logs", [
+    (b'{"prompt": "\xff"}', "line 2: not UTF-8 text (byte 13 of the line); save the file as UTF-8",
+     ":2: not UTF-8 text (byte 13 of the line); save the file as UTF-8", None),
+    (b'{"prompt": ', "line 2: invalid JSON (Expecting value)", ":2: malformed JSON (Expecting value)",
+     "not JSON: Expecting value"),
+    (b"[1, 2]", "line 2: expected a JSON object with a 'prompt' field", ":2: expected a JSON object, got list",
+     "a JSON list, not an object"),
+])
+def test_the_three_json_lines_readers_keep_their_words(tmp_path, line, prompts, benchmarks, logs):
+    """sample.py's prompts, the benchmarks' JSONL and the run logs parse a line with one statement
+    (``rpt.append_log.json_object_lines`` / ``json_object``); each says what it said before, with the file
+    and line named."""
+    from rpt.append_log import json_object
+    from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n' + line + b"\n\n")
+    with pytest.raises(ValueError) as read:
+        sample.read_prompts(str(path))
+    assert str(read.value) == f"{path} {prompts}"
+    with pytest.raises(EvalInputError) as read:
+        read_jsonl(path)
+    assert str(read.value) == f"{path}{benchmarks}"
+    if logs is not None:
+        with pytest.raises(ValueError, match=f"^{logs}$".replace("[", r"\[")):
+            json_object(line.decode())

@@ -335,7 +335,7 @@ def test_devices_flags_and_config_files_that_cannot_work_are_one_line_before_any
     (inputs / "latin1.yaml").write_bytes("seq_len: 32\n# caf\xe9\n".encode("latin-1"))
     (inputs / "twice.yaml").write_text(open(cfg).read() + "lr: 0.1\nlr: 0.2\n")
     cases = [
-        (["--device", "meta"], ["--device 'meta'"]), (["--device", "tpu9"], ["'tpu9' is not a device"]),
+        (["--device", "meta"], ["--device 'meta' is not a device to run a model on"]), (["--device", "tpu9"], ["'tpu9' is not a device"]),
         ([f"init_from={checkpoint}"], ["'init_from'", "training checkpoint", "final/"]),
         ([f"init_from={no_tokenizer}", "tokenizer=null"], ["'init_from'", "holds no tokenizer"]),
     ]

@@ -103,3 +103,37 @@ def test_store_two_processes_then_one_continues_at_data_position(tmp_path):
     assert "continuing at sample 8" in r.stdout
     positions = [rows(run_dir)[s]["data_position"] for s in (1, 2, 3, 4)]
     assert positions == [4, 8, 10, 12]  # never backwards: 2 x 2 per step, then 2 per step
+
+
+def test_a_resume_over_a_changed_corpus_is_refused_naming_both_keys(tmp_path, capsys):
+    """A checkpoint records the tokens its data_position counts in (trainer_state.json ``data_key``). The
+    corpus rewritten since (its token store prepared again, of other tokens): the resume is one line naming
+    both keys and the fixes, and writes nothing; the corpus restored: it resumes. A checkpoint written
+    before checkpoints recorded the key (or streamed data, which has none) resumes as before."""
+    import json
+
+    from rpt.resume import Start, check_same_data
+    from tests.inprocess_train import one_error_line, train_main
+
+    texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 3 for i in range(40)]
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", texts)
+    shutil.copy2(corpus, tmp_path / "original.jsonl")
+    cfg = write_config(tmp_path, data={"path": corpus}, val_fraction=0.0, eval_batches=0, max_steps=2, save_every=2,
+                       tokenizer={"train_bpe": {"vocab_size": 280}})
+    run = tmp_path / "run"
+    assert train_main(cfg) == 0
+    key = json.loads((run / "checkpoint-2" / "trainer_state.json").read_text())["data_key"]
+    write_jsonl(corpus, [t.replace("return", "yield") for t in texts])
+    capsys.readouterr()
+    metrics = (run / "metrics.jsonl").read_bytes()
+    assert train_main(cfg, "max_steps=4") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"trained on token data {key}" in line and "the training data is now " in line
+    assert "restore the corpus" in line and "new output_dir" in line and "data_position 8" in line
+    assert not (run / "checkpoint-4").exists() and (run / "metrics.jsonl").read_bytes() == metrics
+    shutil.copy2(tmp_path / "original.jsonl", corpus)  # the corpus as it was
+    assert train_main(cfg, "max_steps=4") == 0 and (run / "checkpoint-4").is_dir()
+    state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["data_key"] == key
+    del state["data_key"]  # as written before checkpoints recorded it: no check
+    check_same_data(Start(str(run / "checkpoint-4"), state), "another", None)

@@ -53,7 +53,8 @@ def generate_texts(
     on_batch: Callable[[int], None] | None = None, *, row_seeds: Sequence[int] | None = None, compile: bool = False,
 ) -> list[dict]:
     """Continuations of ``prompts``: per prompt ``text`` (cut at ``config.stop``), ``prompt_ids``,
-    ``new_ids``, ``finish_reason``, ``seed``; plus the batch's decoding stats under ``stats``.
+    ``new_ids``, ``finish_reason``, ``seed``, ``path`` (the decode that made it: ``compiled``, ``eager`` or
+    ``fallback``, :func:`rpt.sampling.texts.decode_path`); plus the batch's decoding stats under ``stats``.
 
     Prompt i's draws are keyed by ``row_seed(config.seed, i)`` (or ``row_seeds[i]``): its text does not depend
     on ``batch_size``, and repeated prompts give different samples (:mod:`rpt.sampling.texts`).
@@ -63,7 +64,7 @@ def generate_texts(
     done = complete(model, tokenizer, encoded, config, batch_size=batch_size, row_seeds=row_seeds, on_batch=on_batch,
                     compile=compile)
     return [{"text": c.text, "prompt_ids": c.prompt_ids, "new_ids": c.new_ids, "finish_reason": c.finish_reason,
-             "seed": c.seed, "stats": dict(c.stats)} for c in done]
+             "seed": c.seed, "stats": dict(c.stats), "path": c.path} for c in done]
 
 
 def process_state():

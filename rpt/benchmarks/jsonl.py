@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from rpt.append_log import NotAJSONObject, json_object_lines
 
 
 class EvalInputError(ValueError):
@@ -26,21 +27,8 @@ def read_jsonl(
         raise EvalInputError(f"{path}: file not found")
     required = tuple(required)
     records: list[dict] = []
-    with open(path, "rb") as handle:  # bytes: a line that is not UTF-8 is reported with its number
-        for lineno, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise EvalInputError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start + 1} of the line); "
-                                     "save the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EvalInputError(f"{path}:{lineno}: malformed JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise EvalInputError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    try:
+        for lineno, obj in json_object_lines(str(path)):
             missing = [key for key in required if key not in obj]
             if missing:
                 raise EvalInputError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
@@ -50,6 +38,9 @@ def read_jsonl(
                 except ValueError as exc:
                     raise EvalInputError(f"{path}:{lineno}: {exc}") from None
             records.append(obj)
+    except NotAJSONObject as exc:
+        problem = exc.problem("malformed JSON ({})", "expected a JSON object, got {}")
+        raise EvalInputError(f"{path}:{exc.line}: {problem}") from None
     return records
 
 

@@ -39,9 +39,10 @@ from rpt.benchmarks.model_args import (
     parse_bool,
     sampling_knobs,
 )
+from rpt.devices import check_device
 from rpt.sampling import chat
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.loading import check_checkpoint, check_device
+from rpt.sampling.loading import check_checkpoint
 
 
 @register_model("rpt")

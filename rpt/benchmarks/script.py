@@ -27,13 +27,14 @@ from pathlib import Path
 from rpt.benchmarks import sweep
 from rpt.benchmarks.generation import add_model_args, check_source_args, load_checkpoint
 from rpt.benchmarks.jsonl import EvalInputError, select_tasks
+from rpt.devices import check_device
 from rpt.entry_defaults import explain_defaults
 from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.report import ResultStore, bar_plot, out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
-from rpt.sampling.loading import check_checkpoint, check_device, load_tokenizer
+from rpt.sampling.loading import check_checkpoint, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sandbox import IsolationUnavailable
 
@@ -296,5 +297,8 @@ def _run_checkpoint(benchmark: Benchmark, args: argparse.Namespace, problems) ->
     ]
     for row in rows:
         print(f"{row['name']}: {_scores(row)} ({row['tokens_per_s']:.1f} tokens/s, {row['corrections']} corrections)")
+        note = sweep.fallback_note(row["name"], row["decoded_by"])
+        if note is not None:
+            print(note)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -8,9 +8,11 @@ scripts share:
   inner, in the order given), each turning a base :class:`SamplingConfig` into its own;
 * :func:`generate_sweep`: completions for every (item, sample, setting), resumable through a
   :class:`~rpt.report.ResultStore` (key: item, sample index, checkpoint path, the weights'
-  dtype, device type and files (:func:`weights_fingerprint`), the full sampling config and the prompt), with a progress bar, split across processes under
+  dtype, device type and files (:func:`weights_fingerprint`), the full sampling config, the prompt and
+  whether the decode is compiled), with a progress bar, split across processes under
   ``accelerate launch``; each completion draws with a seed hashed from (seed, item, sample index,
-  setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume;
+  setting) (:func:`sample_seed`), so it does not depend on the batch size, the split or a resume; each
+  records the decode that made it (``compiled``, ``eager``, or ``fallback`` after a compile failure);
 * :func:`decoding_stats`, :func:`best_of_temperatures`, :func:`settings_table` and
   :func:`plot_sweep` for the reports.
 """
@@ -23,6 +25,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,17 +96,24 @@ def weights_fingerprint(checkpoint: str, model) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
 
-def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int, prompt: str, weights: str = "") -> str:
+def generation_key(checkpoint: str, config: SamplingConfig, item_id, sample: int, prompt: str, weights: str = "",
+                   compile: bool = False) -> str:
     """Resume key of one completion: everything it depends on (``weights``: :func:`weights_fingerprint`).
 
     A deterministic config (greedy, no sampled PTP proposals) gives every sample of an item the
-    same key, so the completion is generated once and reused for all ``n_samples``.
+    same key, so the completion is generated once and reused for all ``n_samples``. Compiled
+    completions are kept apart from eager ones (``compile``: inductor's kernels may move a near tie in
+    bf16, as another dtype does), so a run resumed with another ``--compile`` generates anew instead of
+    mixing the two; an eager key is what it was before, so stores written then resume as before.
     """
     if os.path.exists(os.path.expanduser(checkpoint)):
         checkpoint = os.path.abspath(os.path.expanduser(checkpoint))
     sample = 0 if config.deterministic else sample
-    spec = json.dumps({"checkpoint": checkpoint, "weights": weights, "config": dataclasses.asdict(config),
-                       "item": item_id, "sample": sample, "prompt": prompt}, sort_keys=True, default=str)
+    spec = {"checkpoint": checkpoint, "weights": weights, "config": dataclasses.asdict(config), "item": item_id,
+            "sample": sample, "prompt": prompt}
+    if compile:
+        spec["compile"] = compile
+    spec = json.dumps(spec, sort_keys=True, default=str)
     return f"gen:{item_id}:{sample}:{hashlib.sha1(spec.encode()).hexdigest()[:20]}"
 
 
@@ -166,7 +176,7 @@ def generate_sweep(
               disable=not is_main_process()) as bar:
         for setting in settings:
             config = setting.config(base)
-            jobs = [(item, j, generation_key(checkpoint, config, item["id"], j, item["prompt"], weights))
+            jobs = [(item, j, generation_key(checkpoint, config, item["id"], j, item["prompt"], weights, compile))
                     for item in mine for j in range(n_samples)]
             todo: dict[str, dict] = {}
             seeds: dict[str, int] = {}
@@ -186,7 +196,8 @@ def generate_sweep(
                 # each completion keyed by (item, sample, setting), whatever batch it lands in
                 outs = generate_texts(model, tokenizer, [todo[k]["prompt"] for k in chunk], config, len(chunk),
                                       row_seeds=[seeds[k] for k in chunk], compile=compile)
-                batch = {"id": uuid.uuid4().hex[:12], **{s: outs[0]["stats"][s] for s in _BATCH_STATS}}
+                batch = {"id": uuid.uuid4().hex[:12], **{s: outs[0]["stats"][s] for s in _BATCH_STATS},
+                         "path": outs[0]["path"]}  # compiled, eager, or fallback (after a compile failure)
                 for key, o in zip(chunk, outs):
                     store.add(key, {"completion": o["text"], "new_tokens": len(o["new_ids"]),
                                     "finish_reason": o["finish_reason"], "batch": batch})
@@ -196,7 +207,9 @@ def generate_sweep(
 
 
 def decoding_stats(records: Sequence[dict]) -> dict:
-    """Totals over the batches that produced ``records``: tokens/s, model calls per token, corrections."""
+    """Totals over the batches that produced ``records``: tokens/s, model calls per token, corrections,
+    and ``decoded_by``: how many of ``records`` each decode made (``compiled`` / ``eager`` / ``fallback``;
+    records stored before completions recorded it were eager: their keys say so)."""
     batches = {r["batch"]["id"]: r["batch"] for r in records}.values()
     totals = {s: sum(b[s] for b in batches) for s in _BATCH_STATS}
     new, seconds = totals["new_tokens"], totals["seconds"]
@@ -206,7 +219,17 @@ def decoding_stats(records: Sequence[dict]) -> dict:
         "corrections": int(totals["corrections"]),
         "new_tokens": int(new),
         "seconds": seconds,
+        "decoded_by": dict(Counter(r["batch"].get("path", "eager") for r in records)),
     }
+
+
+def fallback_note(name: str, decoded_by: dict) -> str | None:
+    """One line when compile failures made some of a setting's completions eagerly (None otherwise)."""
+    fallback = decoded_by.get("fallback", 0)
+    if not fallback:
+        return None
+    return (f"note: {name}: {fallback} of {sum(decoded_by.values())} completions were decoded eagerly after a compile "
+            "failure (compile_fallback; their tokens/s are eager ones)")
 
 
 def best_of_temperatures(rows: Sequence[dict], metric: str) -> dict[str, dict]:

@@ -81,6 +81,11 @@ class StoreBatches:
         start = self.first_sample(step, micro)
         return self.packed.rows(range(start, start + self.micro_batch_size))
 
+    def data_key(self) -> str:
+        """The tokens read (:meth:`TokenStore.content_key`): a checkpoint records it beside its
+        ``data_position``, which means a place in these tokens only."""
+        return self.packed.store.content_key()
+
     def state_dict(self) -> dict:
         return {}  # the position is the trainer state's data_position
 

@@ -183,6 +183,17 @@ class TokenStore:
             raise DataError(f"token store {self.path} holds documents with BOS id {self.meta.get('bos_id')} but this run's "
                             f"tokenizer puts {bos_id(tokenizer)} before a text; prepare the store again")
 
+    def content_key(self) -> str:
+        """The tokens this store holds, as 16 hex digits: its dtype and each shard's token count and SHA-256
+        (recorded at writing; read here from the index, nothing hashed again). A store prepared again from
+        an unchanged corpus has the same key, one of other tokens another. A store written before shards
+        were hashed is keyed by its shards' sizes and the origin its index records (when it records one)."""
+        shards = [(s["tokens"], s.get("sha256")) for s in self.meta["shards"]]
+        parts: list[Any] = ["tokens-v1", self.meta["dtype"], shards]
+        if not all(isinstance(sha, str) for _, sha in shards):
+            parts.append(self.meta.get("identity"))
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
     def verify(self, threads: int | None = None) -> dict[str, Any]:
         """Read every shard in full: its SHA-256 must be the one recorded when it was written, and every
         token below the index's ``vocab_size``. A :class:`DataError` names the first shard that differs.

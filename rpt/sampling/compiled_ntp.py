@@ -45,17 +45,20 @@ def settle(s: DecodeState, token: torch.Tensor, n) -> None:
 
 
 def propose_fixed(config, seeds: torch.Tensor, seqs: torch.Tensor, logits: torch.Tensor, n: torch.Tensor,
-                  prompt: torch.Tensor, pads: torch.Tensor) -> torch.Tensor:
+                  prompt: torch.Tensor, pads: torch.Tensor, knobs: torch.Tensor | None = None) -> torch.Tensor:
     """``[batch, draws]``: what ``Proposer(config, W, seeds, pad_length=pads).ntp(seqs[:, : n + 1], logits,
     n + 1 - pads)`` proposes, read from the whole fixed-width layout ``seqs`` with ``n`` a 0-dim tensor
     (:class:`~rpt.sampling.contexts.RotatedContexts`): the same shapes at every step. ``prompt``:
-    ``[batch]`` all W (a tensor, so that the graph does not depend on the prompt width)."""
-    proposer, context = RotatedContexts(config, seeds, seqs, prompt, pads).upto(n)
+    ``[batch]`` all W (a tensor, so that the graph does not depend on the prompt width); ``knobs``: the
+    float knobs as a tensor (``config`` then the traced one, :meth:`~rpt.sampling.config.SamplingConfig.traced`)."""
+    proposer, context = RotatedContexts(config, seeds, seqs, prompt, pads, knobs).upto(n)
     return proposer.ntp(context, logits, n + 1 - pads)
 
 
 def ntp_step(s: DecodeState, config, queries) -> None:
-    """Feed every row's token at the state's column n, write its token for n + 1, advance n: in place."""
+    """Feed every row's token at the state's column n, write its token for n + 1, advance n: in place.
+    ``config``: the traced config (:meth:`~rpt.sampling.config.SamplingConfig.traced`), the values of its
+    float knobs in ``s.knobs``: one graph for every temperature, penalty and threshold."""
     n = s.n
     column = n.view(1)
     # the rows' pads even where none is padded (zeros: the same mask), so that one graph serves both
@@ -63,7 +66,7 @@ def ntp_step(s: DecodeState, config, queries) -> None:
     logits = queries.whole_cache_step(s.seqs.index_select(1, column), positions, column,
                                       Visibility(column, s.pads, column))[:, 0]
     s.bad |= nonfinite(logits) & ~s.done  # a finished row's logits (of its pad id) are never used
-    token = propose_fixed(config, s.seeds, s.seqs, logits, n, s.prompt, s.pads)[:, 0]
+    token = propose_fixed(config, s.seeds, s.seqs, logits, n, s.prompt, s.pads, s.knobs)[:, 0]
     settle(s, token, n)
     s.n.add_(1)
 
@@ -84,6 +87,7 @@ class CompiledNTPStep:
         if caches_at_first_use(config):
             propose_fixed(config, s.seeds, s.seqs, logits.clone(), s.n, s.prompt, s.pads)
 
-    def __call__(self, s: DecodeState, config, queries) -> None:
+    def __call__(self, s: DecodeState, traced, queries) -> None:
+        """One step; ``traced``: the decode's :meth:`~rpt.sampling.config.SamplingConfig.traced` config."""
         with queries.whole_cache_calls():
-            self._compiled(s, config, queries)
+            self._compiled(s, traced, queries)

@@ -30,7 +30,7 @@ from rpt.sampling.step_events import lag_validity
 
 def _fixed_step(s: DecodeState, config, queries, pattern, out: torch.Tensor) -> None:
     """:func:`common_step` at the state's column on fixed shapes: the whole cache, rotated contexts."""
-    contexts = RotatedContexts(config, s.seeds, s.seqs, s.prompt, s.pads)
+    contexts = RotatedContexts(config, s.seeds, s.seqs, s.prompt, s.pads, s.knobs)  # the knobs' values: tensors
     common_step(s, config, s.n, pattern, contexts, queries.whole_cache_step, out)
 
 
@@ -57,7 +57,9 @@ class CompiledRPTStep:
         call_proposals(contexts, logits, s.n, s.n - s.pads, s.column(s.n), layout,
                        common_iterations(config, layout.lags, batch, s.seqs.device), lag_validity(s, s.n, layout.lags))
 
-    def __call__(self, s: DecodeState, config, queries, pattern) -> None:
+    def __call__(self, s: DecodeState, traced, queries, pattern) -> None:
+        """One step; ``traced``: the decode's :meth:`~rpt.sampling.config.SamplingConfig.traced` config (the
+        values of its float knobs in ``s.knobs``: one graph for every confidence, temperature, penalty)."""
         out = s.pending_for(pattern.layout)  # allocated outside the graph, at its first use
         with queries.whole_cache_calls():
-            self._compiled(s, config, queries, pattern, out)
+            self._compiled(s, traced, queries, pattern, out)

@@ -43,6 +43,15 @@ _RANGE_RULES = (
 )
 _FLOAT_KNOBS = ("temperature", "top_p", "min_p", "confidence", "repetition_penalty", "frequency_penalty",
                 "presence_penalty", "lz_penalty")
+# A compiled decode step reads these knobs from a tensor (DecodeState.knobs, in this order), so that a sweep
+# over their values runs one graph (a Python float in the traced code is a constant: a graph per value).
+# What the builders decide from a value -- greedy or not, whether a processor exists -- stays in the
+# traced config: each knob's neutral values are kept, any other value becomes its stand-in.
+TENSOR_KNOBS = _FLOAT_KNOBS
+_NEUTRAL = {"temperature": (0.0, 1.0), "top_p": (1.0,), "min_p": (0.0,), "confidence": (), "repetition_penalty": (1.0,),
+            "frequency_penalty": (0.0,), "presence_penalty": (0.0,), "lz_penalty": (0.0,)}
+_STAND_IN = {"temperature": 0.5, "top_p": 0.5, "min_p": 0.5, "confidence": 0.5, "repetition_penalty": 2.0,
+             "frequency_penalty": 1.0, "presence_penalty": 1.0, "lz_penalty": 1.0}
 
 
 @dataclass
@@ -143,6 +152,17 @@ class SamplingConfig:
                 if int(i) not in ids:
                     ids.append(int(i))
         return dataclasses.replace(self, eos_token_id=ids)
+
+    def knob_values(self) -> list[float]:
+        """The :data:`TENSOR_KNOBS` values, in order (what a compiled step's knob tensor holds)."""
+        return [getattr(self, name) for name in TENSOR_KNOBS]
+
+    def traced(self) -> SamplingConfig:
+        """This config as a compiled step traces it: each :data:`TENSOR_KNOBS` value that is not neutral
+        replaced by a stand-in with the same consequences for the processors built (the step reads the
+        value from its knob tensor), so configs that differ only in those values share one graph."""
+        return dataclasses.replace(self, **{name: getattr(self, name) if getattr(self, name) in _NEUTRAL[name]
+                                            else _STAND_IN[name] for name in TENSOR_KNOBS})
 
     @property
     def eos_token_ids(self) -> list[int]:

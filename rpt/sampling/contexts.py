@@ -42,12 +42,15 @@ class RotatedContexts:
     """Fixed-width contexts of the whole layout ``seqs`` ``[batch, capacity]`` (module docstring).
 
     ``prompt``: ``[batch]`` all W (a tensor, so the graph does not depend on the prompt width);
-    ``pads``: ``[batch]`` each row's left padding. A Proposer is built per context: under compile,
+    ``pads``: ``[batch]`` each row's left padding; ``knobs``: the state's knob tensor (the config then the
+    traced one, :meth:`~rpt.sampling.config.SamplingConfig.traced`). A Proposer is built per context: under compile,
     dynamo runs its constructors once while tracing and the graph holds only tensor operations.
     """
 
-    def __init__(self, config, seeds: torch.Tensor, seqs: torch.Tensor, prompt: torch.Tensor, pads: torch.Tensor):
+    def __init__(self, config, seeds: torch.Tensor, seqs: torch.Tensor, prompt: torch.Tensor, pads: torch.Tensor,
+                 knobs: torch.Tensor | None = None):
         self.config, self.seeds, self.seqs, self.prompt, self.pads = config, seeds, seqs, prompt, pads
+        self.knobs = knobs
         self.cols = torch.arange(seqs.shape[1], device=seqs.device)
 
     def upto(self, c: torch.Tensor, last: torch.Tensor | None = None) -> tuple[Proposer, torch.Tensor]:
@@ -56,4 +59,5 @@ class RotatedContexts:
         context = self.seqs.index_select(1, (self.cols + (c + 1)) % width)
         if last is not None:
             context = torch.cat([context[:, :-1], last[:, None]], 1)
-        return Proposer(self.config, self.prompt + shift, self.seeds, pad_length=self.pads + shift), context
+        return Proposer(self.config, self.prompt + shift, self.seeds, pad_length=self.pads + shift,
+                        knobs=self.knobs), context

@@ -1,15 +1,17 @@
 r"""The buffers a compiled decode borrows, pooled per model and bucket, so that every decode of a bucket
 runs its compiled (on CUDA: graph-replayed) steps on the same storage.
 
-A bucket is ``(batch, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
-capacity is rounded up (:func:`rpt.queries.capacity_bucket`), so decodes of many prompt widths share
-one entry, one set of compiled graphs and no re-capture.
+A bucket is ``(batch bucket, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
+capacity and the batch are rounded up (:func:`rpt.queries.capacity_bucket`, :func:`rpt.queries.batch_bucket`:
+the rows past a decode's are inert), so decodes of many prompt widths and batch sizes share one entry,
+one set of compiled graphs and no re-capture.
 
 **Who owns what, and when it is freed.** The pool owns its entries. An entry -- the
 :class:`~rpt.queries.ModelQueries` with its KV cache, the :class:`~rpt.sampling.decode_state.DecodeState`
 and the compiled steps reading them -- is *lent* to one decode at a time (:func:`borrow` ... the
 decoder's ``close``); a decode that finds its entry lent out (a nested or concurrent ``generate`` on
-the same model) gets a fresh, unpooled one that it owns and that is freed with it. The pool keeps the
+the same model) gets a fresh, unpooled one that it owns and that is freed with it. The pool is read
+and changed under one lock, so two threads never borrow one entry (one KV cache) at once. The pool keeps the
 :data:`POOLED_PER_MODEL` most recently used entries of each model (a KV cache is the decode's largest
 allocation: on a 1B model at batch 16 and 2048 columns about 1 GB) and drops the least recent one
 beyond that; all of a model's entries go when the model is garbage collected (the pool hangs on
@@ -21,6 +23,7 @@ state is the decoder's own and is freed with it.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +33,10 @@ from rpt.sampling.decode_state import DecodeState, eos_slots
 
 POOLED_PER_MODEL = 2
 _ATTRIBUTE = "_rpt_decode_buffers"  # the model's pool: OrderedDict[key, DecodeBuffers], least recent first
+# every pool's reads and changes: a check of `lent` and its setting are one step (two threads calling generate
+# on one model must not both take the entry, and so one KV cache); held for microseconds, and while an
+# entry's buffers are first allocated
+_LOCK = threading.RLock()
 
 
 @dataclass(eq=False)
@@ -53,17 +60,19 @@ def buffers_key(batch: int, capacity: int, window: int, ntp_draws: int, eos_coun
 def borrow(model, key: tuple, build: Callable[[], DecodeBuffers]) -> tuple[DecodeBuffers, bool]:
     """The pooled entry of ``key`` for ``model`` (``build`` makes it the first time), marked lent, and
     whether it is pooled (False: the entry was lent out already, this fresh one is the caller's)."""
-    entries = model.__dict__.setdefault(_ATTRIBUTE, OrderedDict())  # not a submodule, parameter or buffer
-    entry = entries.get(key)
-    if entry is not None and entry.lent:
-        return build(), False
-    if entry is None:
-        entry = entries[key] = build()
-        _evict(entries, key)
-    entries.move_to_end(key)
-    entry.lent = True
-    entry.queries.calls = 0  # the forward-pass count is per decode
-    return entry, True
+    with _LOCK:
+        entries = model.__dict__.setdefault(_ATTRIBUTE, OrderedDict())  # not a submodule, parameter or buffer
+        entry = entries.get(key)
+        lent_out = entry is not None and entry.lent
+        if entry is None:
+            entry = entries[key] = build()
+            _evict(entries, key)
+        if not lent_out:
+            entries.move_to_end(key)
+            entry.lent = True
+            entry.queries.calls = 0  # the forward-pass count is per decode
+            return entry, True
+    return build(), False  # outside the lock: the caller's own buffers
 
 
 def _evict(entries: OrderedDict, keep: tuple) -> None:
@@ -76,19 +85,23 @@ def _evict(entries: OrderedDict, keep: tuple) -> None:
 
 def give_back(entry: DecodeBuffers) -> None:
     """The decode is over: the entry may be lent again."""
-    entry.lent = False
+    with _LOCK:
+        entry.lent = False
 
 
 def release_decode_buffers(model) -> None:
     """Drop every pooled entry of ``model`` (its KV caches, states and compiled steps) now."""
-    model.__dict__.pop(_ATTRIBUTE, None)
+    with _LOCK:
+        model.__dict__.pop(_ATTRIBUTE, None)
 
 
 def pooled(model) -> list[tuple]:
     """The keys of ``model``'s pooled entries, least recently used first."""
-    return list(model.__dict__.get(_ATTRIBUTE, {}))
+    with _LOCK:
+        return list(model.__dict__.get(_ATTRIBUTE, {}))
 
 
 def pooled_entries(model) -> list[DecodeBuffers]:
     """``model``'s pooled entries, least recently used first."""
-    return list(model.__dict__.get(_ATTRIBUTE, {}).values())
+    with _LOCK:
+        return list(model.__dict__.get(_ATTRIBUTE, {}).values())

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 from rpt.queries import Visibility
+from rpt.sampling.config import TENSOR_KNOBS
 from rpt.sampling.proposal_layout import ProposalLayout
+
+
+def _knob_dtype(device: torch.device) -> torch.dtype:
+    # float64 as the Python floats an eager step uses (1 - top_p rounds as there); MPS has no float64
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def eos_slots(count: int) -> int:
@@ -53,7 +59,10 @@ class DecodeState:
     eos: torch.Tensor  # [eos_slots] long: the EOS ids, -1 in unused slots
     alive: torch.Tensor  # [batch] bool: RPT rows the batch-flat step decodes
     draws: torch.Tensor  # [batch, ntp_draws] long: RPT rows' NTP proposals for the step's column
+    # [len(TENSOR_KNOBS)] float64: the float sampling knobs a compiled step reads (SamplingConfig.traced)
+    knobs: torch.Tensor
     pad_id: int = 0
+    rows: int = 0  # the decode's rows; those after them pad the batch to its bucket (inert: done, never alive)
     ragged: bool = False  # some row is left-padded (then pads is the visibility's start)
     static: bool = False  # the buffers' addresses are marked static (pooled: compiled steps replay on them)
     # device tensors of each query-block pattern (rpt.sampling.fast_decoder._Pattern), kept with the
@@ -73,7 +82,8 @@ class DecodeState:
                     flags=torch.zeros(2, **flag), seeds=torch.zeros(batch, **long), pads=torch.zeros(batch, **long),
                     prompt=torch.zeros(batch, **long), last_cols=torch.zeros(batch, **long),
                     eos=torch.zeros(eos_slots(eos_count), **long), alive=torch.zeros(batch, **flag),
-                    draws=torch.zeros(batch, ntp_draws, **long), static=static)
+                    draws=torch.zeros(batch, ntp_draws, **long),
+                    knobs=torch.zeros(len(TENSOR_KNOBS), dtype=_knob_dtype(device), device=device), static=static)
         if static:
             for t in state.tensors():
                 torch._dynamo.mark_static_address(t)
@@ -82,13 +92,24 @@ class DecodeState:
     def tensors(self) -> list[torch.Tensor]:
         """Every buffer a step may read (the patterns' and pending proposals' aside)."""
         return [self.seqs, self.n, self.done, self.end, self.bad, self.flags, self.seeds, self.pads, self.prompt,
-                self.last_cols, self.eos, self.alive, self.draws]
+                self.last_cols, self.eos, self.alive, self.draws, self.knobs]
 
     def load(self, rows: list[list[int]], width: int, pads: list[int], budgets: list[int], seeds: list[int],
-             eos_ids: list[int], pad_id: int) -> None:
-        """Copy one decode's inputs into the buffers (``rows`` the prompts, left-padded to ``width``)."""
-        if len(rows) != self.seqs.shape[0]:
-            raise AssertionError(f"a state for {self.seqs.shape[0]} rows loaded with {len(rows)}")
+             eos_ids: list[int], pad_id: int, knobs: list[float] | None = None) -> None:
+        """Copy one decode's inputs into the buffers (``rows`` the prompts, left-padded to ``width``;
+        ``knobs``: the config's :meth:`~rpt.sampling.config.SamplingConfig.knob_values`).
+
+        A state of more rows than ``rows`` (a compiled decode's batch bucket) fills the others with copies
+        of the last row -- real tokens, so every kernel computes what it computes for a real row (no fully
+        masked attention row) -- marked done (an NTP step writes them their pad id and never waits for
+        them) and never alive (an RPT step neither reads their flags nor commits for them): no row's
+        tokens depend on them, as no row's depend on another's (position-keyed draws)."""
+        batch = self.seqs.shape[0]
+        if not 0 < len(rows) <= batch:
+            raise AssertionError(f"a state for {batch} rows loaded with {len(rows)}")
+        extra = batch - len(rows)
+        rows, pads = list(rows) + [rows[-1]] * extra, list(pads) + [pads[-1]] * extra
+        budgets, seeds = list(budgets) + [budgets[-1]] * extra, list(seeds) + [seeds[-1]] * extra
         host = torch.full(tuple(self.seqs.shape), pad_id, dtype=torch.long)
         for b, p in enumerate(rows):
             host[b, width - len(p): width] = torch.tensor(p, dtype=torch.long)
@@ -98,11 +119,14 @@ class DecodeState:
         self.last_cols.copy_(torch.tensor(budgets) + (width - 1))
         self.seeds.copy_(torch.tensor(seeds, dtype=torch.long))
         self.eos.copy_(torch.tensor(list(eos_ids) + [-1] * (self.eos.numel() - len(eos_ids)), dtype=torch.long))
+        if knobs is not None:
+            self.knobs.copy_(torch.tensor(knobs, dtype=self.knobs.dtype))
         for t in (self.done, self.bad, self.flags, self.alive):
             t.zero_()
+        self.done[batch - extra:] = True
         self.end.copy_(self.last_cols)
         self.n.fill_(width - 1)
-        self.pad_id, self.ragged = pad_id, max(pads, default=0) > 0
+        self.pad_id, self.ragged, self.rows = pad_id, max(pads, default=0) > 0, batch - extra
 
     @property
     def start_cols(self) -> torch.Tensor | None:

@@ -49,7 +49,7 @@ import torch
 
 from rpt.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
 from rpt.kv_cache import sliding_window_of
-from rpt.queries import ModelQueries, capacity_bucket, implementation_of
+from rpt.queries import ModelQueries, batch_bucket, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.common_step import common_step
@@ -223,10 +223,16 @@ class Decoder:
         self._lent: DecodeBuffers | None = None  # the pool's entry this decode borrowed (close gives it back)
         self.buffers = self._buffers(model, capacity, len(prompts.rows))
         self.queries, self.state = self.buffers.queries, self.buffers.state
+        self.batch = self.state.seqs.shape[0]  # compiled: the batch bucket (rows past the decode's are inert)
         # the rows' current tokens (the processors' contexts), budgets, seeds and EOS ids (none: -1,
-        # an id no token has, keeps isin's shape fixed) in the state's buffers
-        self.state.load(prompts.rows, W, prompts.pads, self.budgets, self.seeds, config.eos_token_ids, self.pad_id)
-        healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes, W) if any(prompts.prefixes) else None
+        # an id no token has, keeps isin's shape fixed) and the float knobs in the state's buffers
+        self.state.load(prompts.rows, W, prompts.pads, self.budgets, self.seeds, config.eos_token_ids, self.pad_id,
+                        config.knob_values())
+        # a compiled step traces this config, reading the knobs' values from the state (one graph for all)
+        self.traced = config.traced() if self.compile_backend is not None else config
+        padding = [b""] * (self.batch - len(prompts.rows))
+        healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes + padding, W) \
+            if any(prompts.prefixes) else None
         self.proposer = Proposer(config, W, self.state.seeds, pad_length=self.state.start_cols, healing=healing)
         # after a sweep that changes nothing, x_n is redrawn from logits already known: feed that draw
         # at column n already, so the call that computes the sweep also gives the next position's NTP
@@ -242,13 +248,15 @@ class Decoder:
 
     def _buffers(self, model, capacity: int, batch: int) -> DecodeBuffers:
         """The model queries (KV cache) and decode state: a compiled decode borrows them from the pool of
-        its bucket (:mod:`rpt.sampling.decode_buffers`, given back by :meth:`close`); an eager one
-        allocates its own (exactly ``capacity`` columns), freed with this decoder."""
+        its bucket (:mod:`rpt.sampling.decode_buffers`, given back by :meth:`close`) -- capacity and batch
+        bucketed (:func:`~rpt.queries.batch_bucket`), so that an evaluation meets a bounded set of shapes;
+        an eager one allocates its own (exactly ``capacity`` columns and ``batch`` rows), freed with this
+        decoder."""
         draws, eos = ntp_draws(self.config), len(self.config.eos_token_ids)
         if self.compile_backend is None:
             return DecodeBuffers(ModelQueries(model, capacity),
                                  DecodeState.allocate(batch, self.last + 2, draws, eos, self.device))
-        capacity = capacity_bucket(capacity, sliding_window_of(model))
+        capacity, batch = capacity_bucket(capacity, sliding_window_of(model)), batch_bucket(batch)
         # the model's dtype, device and attention implementation fix what the pooled queries decided
         key = buffers_key(batch, capacity, self.plan.w, draws, eos, self.compile_backend) + (
             self.device, model.dtype, implementation_of(model))
@@ -383,7 +391,7 @@ class Decoder:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
         if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
             return None
-        return self.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(len(self.slots))]
+        return self.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(self.batch)]
                                 for lag in block.lags])
 
     def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: _Block, layout: ProposalLayout,
@@ -458,8 +466,9 @@ class Decoder:
         live = [s.requests is not None for s in self.slots]
         finished = [self.pad_id] * self.proposer.ntp_draws
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
-        self.state.alive.copy_(self.to_device(live).bool())
-        self.state.draws.copy_(self.to_device(draws))
+        padding = self.batch - len(self.slots)  # a batch bucket's inert rows: never alive
+        self.state.alive.copy_(self.to_device(live + [False] * padding).bool())
+        self.state.draws.copy_(self.to_device(draws + [finished] * padding))
         self.state.n.fill_(n + 1)
         eos = set(self.config.eos_token_ids)
         return all(d[0] in eos or self.W - 1 + self.budgets[b] <= n + 1 for b, (d, on) in enumerate(zip(draws, live))
@@ -501,7 +510,7 @@ class Decoder:
                 step.warm(s, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
                           self.queries.dtype)
                 self._rpt_warm = True
-            step(s, self.config, self.queries, pattern)
+            step(s, self.traced, self.queries, pattern)
             return block
         block = self.common_block(m)
         pattern = self.pattern(block)
@@ -601,19 +610,14 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
     Returns:
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
     """
-    checks = getattr(model, "check_offsets", None)
-    if checks is not None:
-        model.check_offsets = False  # the offsets are built here; its range check would sync every call
-    try:
-        with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
-            start = time.perf_counter()
-            inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-            out = _decode(model, inputs, input_ids, streamer, start, compile)
-        out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
-        return out
-    finally:
-        if checks is not None:
-            model.check_offsets = checks
+    # nothing of the model is switched for the decode (two threads may decode with it at once): the offset
+    # rows' range check is skipped per call (rpt.queries), the attention switch is shared (rpt.shared_switch)
+    with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
+        start = time.perf_counter()
+        inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
+        out = _decode(model, inputs, input_ids, streamer, start, compile)
+    out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
+    return out
 
 
 def _run(decoder: Decoder) -> GenerateOutput:

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM, load_causal_lm
 from rpt.model_ref import resolve_model_ref
 from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.sampling.chat import template_file_problem
@@ -20,33 +20,6 @@ from rpt.sampling.config import SamplingConfig
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-
-
-_DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
-
-
-def check_device(name: str, flag: str = "--device") -> str:
-    """``name`` as a device this machine has (checked before anything is loaded): a string torch
-    does not read, a kind of device the sampler does not run on, or an absent accelerator is one
-    ``ValueError`` naming ``flag``."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"{flag} {name!r} is not a device; use cpu, cuda, cuda:N or mps") from None
-    if device.type not in _DEVICE_TYPES:
-        raise ValueError(f"{flag} {name!r} is not a device the sampler runs on; use one of {', '.join(_DEVICE_TYPES)}")
-    if device.type == "cpu":
-        return name
-    backend = getattr(torch, device.type, None) if device.type != "mps" else torch.backends.mps
-    if backend is None or not backend.is_available():
-        cpu = f"{flag} cpu" if flag.startswith("--") else f"{flag}=cpu"
-        raise ValueError(f"{flag} {name!r} asks for {device.type}, but this machine has no {device.type} device visible; "
-                         f"use {cpu}")
-    count = backend.device_count() if hasattr(backend, "device_count") else 1
-    if device.index is not None and device.index >= count:
-        raise ValueError(f"{flag} {name!r} names {device.type} device {device.index}, but {count} are visible; use an "
-                         f"index below {count}")
-    return name
 
 
 def load_tokenizer(checkpoint: str):
@@ -89,15 +62,16 @@ def check_checkpoint(window: int | RPTConfig | None, config: SamplingConfig, che
 
 
 def load_model(checkpoint: str, window: int | RPTConfig | None, device: str, dtype: torch.dtype):
-    """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
+    """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``.
+    Both through :func:`rpt.model.load_causal_lm`: ``.bin`` weights that weights-only unpickling refuses
+    are one :class:`~rpt.checkpointing.CheckpointError` naming the file, nothing of them run."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one clean stats line on stderr, no loading bars
     checkpoint = os.path.expanduser(checkpoint)
     try:
         if window is None:
-            model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+            model = load_causal_lm(checkpoint, dtype=dtype)
         else:
             model = RPTForCausalLM.from_pretrained(checkpoint, dtype=dtype)
     except OSError as e:

@@ -492,7 +492,8 @@ class LZPenaltyLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         context, lengths = self.matcher.context(input_ids)
-        if self.penalty == 0 or context.shape[1] == 0:
+        # (a compiled step's penalty is a tensor, never 0: rpt.sampling.processors' knobs)
+        if (isinstance(self.penalty, float) and self.penalty == 0) or context.shape[1] == 0:
             return scores
         return self.apply(input_ids, context, lengths, scores if self.inplace else scores.clone())
 

@@ -67,10 +67,10 @@ def run(d) -> GenerateOutput:
             continue
         steps = min(per_read, d.last - n)  # never past the last column a row may write
         for _ in range(steps):
-            step(s, d.config, d.queries)
+            step(s, d.traced, d.queries)
         n += steps
-    counts = (s.end - W + 1).tolist()
-    rows = s.seqs[:, W: W + max(counts)].tolist()
+    counts = (s.end[: s.rows] - W + 1).tolist()  # the decode's rows (a batch bucket's inert ones aside)
+    rows = s.seqs[: s.rows, W: W + max(counts)].tolist()
     generated = [row[:c] for row, c in zip(rows, counts)]
     eos_ids = set(d.config.eos_token_ids)
     reasons = ["eos" if g and g[-1] in eos_ids else "length" for g in generated]

@@ -12,6 +12,10 @@ Order (``build_logits_processors``), each step seeing the previous one's output:
 The RPT decoder's confidence test reads probabilities after the penalties and before temperature,
 so ``build_logits_processors(..., include_warpers=False)`` returns the penalties alone.
 
+``knobs`` (a compiled decode step's ``[len(TENSOR_KNOBS)]`` float64 tensor, :meth:`SamplingConfig.traced`):
+each processor reads its value from it instead of the config's float, so that one graph serves every
+value; the config then only says which processors exist.
+
 Column conventions for ``input_ids [batch, T]``: ``prompt_length`` = leading columns that are prompt
 (an int for a left-padded batch, or a LongTensor ``[batch]``); ``pad_length`` = leading columns that
 are left padding (never counted by any penalty; default none).
@@ -30,7 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from rpt.sampling.config import SamplingConfig
+from rpt.sampling.config import TENSOR_KNOBS, SamplingConfig
 from rpt.sampling.lz import LZPenaltyLogitsProcessor
 
 Columns = int | torch.Tensor
@@ -76,15 +80,25 @@ class FrequencyPresencePenaltyLogitsProcessor(LogitsProcessor):
         return counts[:, :width]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.frequency == 0 and self.presence == 0:
+        if isinstance(self.frequency, float) and self.frequency == 0 and self.presence == 0:  # (tensors: knobs)
             return scores
         n = self.counts(input_ids, scores.shape[-1])
         delta = self.frequency * n + self.presence * (n > 0).to(n.dtype)
         return (scores.float() - delta).to(scores.dtype)
 
 
+def _valued(proc, knobs: torch.Tensor | None, **attributes: str):
+    """``proc`` with each ``attribute`` read from the knob it names in ``knobs`` (None: the float it was built
+    with stays): Hugging Face's constructors take floats only, their ``__call__`` reads the attribute."""
+    if knobs is not None:
+        for attribute, name in attributes.items():
+            setattr(proc, attribute, knobs[TENSOR_KNOBS.index(name)])
+    return proc
+
+
 def penalty_processors(config: SamplingConfig, prompt_length: Columns = 0, vocab_size: int | None = None,
-                       pad_length: Columns | None = None, inplace: bool = True) -> LogitsProcessorList:
+                       pad_length: Columns | None = None, inplace: bool = True,
+                       knobs: torch.Tensor | None = None) -> LogitsProcessorList:
     """The enabled penalties, in order repetition -> frequency/presence -> LZ.
 
     The LZ processor edits the logits it is given in place (Hugging Face ``generate`` and the RPT
@@ -97,31 +111,33 @@ def penalty_processors(config: SamplingConfig, prompt_length: Columns = 0, vocab
     procs = LogitsProcessorList()
     if config.repetition_penalty != 1.0:
         # Whole context, as CTRL and HF do; left padding excluded when the caller says where it is.
-        procs.append(RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=pad_length))
+        procs.append(_valued(RepetitionPenaltyLogitsProcessor(config.repetition_penalty, prompt_ignore_length=pad_length),
+                             knobs, penalty="repetition_penalty"))
     if config.frequency_penalty != 0 or config.presence_penalty != 0:
-        procs.append(FrequencyPresencePenaltyLogitsProcessor(
-            config.frequency_penalty, config.presence_penalty, prompt_length))
+        procs.append(_valued(FrequencyPresencePenaltyLogitsProcessor(
+            config.frequency_penalty, config.presence_penalty, prompt_length), knobs,
+            frequency="frequency_penalty", presence="presence_penalty"))
     if config.lz_penalty != 0:
         start = (0 if pad_length is None else pad_length) if config.lz_include_prompt else prompt_length
-        procs.append(LZPenaltyLogitsProcessor(config.lz_penalty, config.lz_window, config.lz_buffer, prompt_length=start,
-                                              vocab_size=vocab_size, inplace=inplace or len(procs) > 0,
-                                              variant=config.lz_variant))
+        procs.append(_valued(LZPenaltyLogitsProcessor(
+            config.lz_penalty, config.lz_window, config.lz_buffer, prompt_length=start, vocab_size=vocab_size,
+            inplace=inplace or len(procs) > 0, variant=config.lz_variant), knobs, penalty="lz_penalty"))
     return procs
 
 
-def warper_processors(config: SamplingConfig) -> LogitsProcessorList:
+def warper_processors(config: SamplingConfig, knobs: torch.Tensor | None = None) -> LogitsProcessorList:
     """Temperature -> top-k -> top-p -> min-p; empty when greedy (temperature 0)."""
     procs = LogitsProcessorList()
     if config.greedy:
         return procs
     if config.temperature != 1.0:
-        procs.append(TemperatureLogitsWarper(config.temperature))
+        procs.append(_valued(TemperatureLogitsWarper(config.temperature), knobs, temperature="temperature"))
     if config.top_k > 0:
         procs.append(TopKLogitsWarper(config.top_k))
     if config.top_p < 1.0:
-        procs.append(TopPLogitsWarper(config.top_p))
+        procs.append(_valued(TopPLogitsWarper(config.top_p), knobs, top_p="top_p"))
     if config.min_p > 0:
-        procs.append(MinPLogitsWarper(config.min_p))
+        procs.append(_valued(MinPLogitsWarper(config.min_p), knobs, min_p="min_p"))
     return procs
 
 
@@ -141,6 +157,7 @@ def build_logits_processors(
     pad_length: Columns | None = None,
     healing: LogitsProcessor | None = None,
     inplace: bool = True,
+    knobs: torch.Tensor | None = None,
 ) -> LogitsProcessorList:
     """Healing (if given) -> penalties -> (unless ``include_warpers=False``) warpers.
 
@@ -155,9 +172,11 @@ def build_logits_processors(
         healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, applied first.
         inplace: the caller's logits may be overwritten (default; saves a ``[batch, V]`` copy in the
             LZ processor); pass False under ``generate(output_logits=True)`` to record raw logits.
+        knobs: a compiled step's knob tensor (module docstring), or None.
     """
     procs = LogitsProcessorList([healing] if healing is not None else [])
-    procs.extend(penalty_processors(config, prompt_length, vocab_size, pad_length, inplace=inplace or bool(procs)))
+    procs.extend(penalty_processors(config, prompt_length, vocab_size, pad_length, inplace=inplace or bool(procs),
+                                    knobs=knobs))
     if include_warpers:
-        procs.extend(warper_processors(config))
+        procs.extend(warper_processors(config, knobs))
     return procs

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from rpt.sampling.config import SamplingConfig
+from rpt.sampling.config import TENSOR_KNOBS, SamplingConfig
 from rpt.sampling.processors import build_logits_processors, penalty_processors, warper_processors
 from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.randomness import NTP, inverse_cdf, uniforms
@@ -73,7 +73,7 @@ def _probs(scores: torch.Tensor) -> torch.Tensor:
     return torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
-def greedy_acceptance(scores: torch.Tensor, confidence: float) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_acceptance(scores: torch.Tensor, confidence: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(argmax, softmax(scores)[argmax] > confidence)`` per row. Overwrites ``scores`` (float32 or
     wider; half precision is promoted first, as :func:`_probs` does)."""
     tokens = first_argmax(scores)
@@ -101,15 +101,20 @@ class Proposer:
             (:mod:`rpt.sampling.processors`) for the contexts the caller passes.
         healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, or None.
         seeds: ``[batch]`` row seeds (int64, on the logits' device).
+        knobs: a compiled step's knob tensor (:meth:`SamplingConfig.traced`, :mod:`rpt.sampling.processors`):
+            the float knobs read from it, ``config`` naming which processors exist; None: the config's.
     """
 
     def __init__(self, config: SamplingConfig, prompt_length, seeds: torch.Tensor, pad_length=None,
-                 healing: LogitsProcessor | None = None):
+                 healing: LogitsProcessor | None = None, knobs: torch.Tensor | None = None):
         self.config, self.seeds = config, seeds
-        self.ntp_procs = build_logits_processors(config, prompt_length, pad_length=pad_length, healing=healing)
-        penalties = penalty_processors(config, prompt_length, pad_length=pad_length) if config.penalize_ptp else []
+        self.confidence = config.confidence if knobs is None else knobs[TENSOR_KNOBS.index("confidence")]
+        self.ntp_procs = build_logits_processors(config, prompt_length, pad_length=pad_length, healing=healing,
+                                                 knobs=knobs)
+        penalties = penalty_processors(config, prompt_length, pad_length=pad_length, knobs=knobs) \
+            if config.penalize_ptp else []
         self.ptp_procs = LogitsProcessorList(([healing] if healing is not None else []) + list(penalties))
-        self.warpers = warper_processors(config)
+        self.warpers = warper_processors(config, knobs)
         self.ptp_samples_greedy = config.ptp_greedy or config.greedy
         self.ntp_draws = ntp_draws(config)
 
@@ -129,13 +134,13 @@ class Proposer:
         window position ``position`` (t), ``iteration`` and ``lag = t - j``. May overwrite ``logits``."""
         scores = apply(self.ptp_procs, context, logits)
         if self.ptp_samples_greedy:  # the argmax and its probability
-            return greedy_acceptance(scores, self.config.confidence)
+            return greedy_acceptance(scores, self.confidence)
         probs = _probs(scores)
         # no warper (temperature 1, no truncation): the draw's distribution is the acceptance's, so its
         # softmax is not computed twice (a [batch, V] pass per lag per step)
         dist = probs if not self.warpers else _probs(apply(self.warpers, context, scores))
         tokens = inverse_cdf(dist, uniforms(self.seeds, position, iteration, lag))[:, 0]
-        return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.config.confidence
+        return tokens, probs.gather(-1, tokens[:, None])[:, 0] > self.confidence
 
 
 @dataclass

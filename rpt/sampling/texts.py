@@ -23,8 +23,8 @@ from rpt.sampling.stopping import truncate_at_stop
 @dataclass
 class Completion:
     """One prompt's result: ``text`` (after the prompt, cut at the first stop string), the prompt's
-    tokens, the generated tokens, the finish reason, its row seed and the stats of its batch (the same
-    dict object for every row of a batch)."""
+    tokens, the generated tokens, the finish reason, its row seed, the stats of its batch (the same
+    dict object for every row of a batch) and the decode that made it (:func:`decode_path`)."""
 
     text: str
     prompt_ids: list[int]
@@ -32,6 +32,17 @@ class Completion:
     finish_reason: str
     seed: int
     stats: dict
+    path: str = "eager"
+
+
+def decode_path(compile, stats: dict) -> str:
+    """Which decode made a batch: ``"compiled"``, ``"eager"``, or ``"fallback"`` (compiled was asked, and the
+    decode ran eagerly after a compile failure: ``stats["compile_fallback"]``, :mod:`rpt.compile_guard`).
+    In float32 the three give the same tokens in every test here; in bf16 a kernel may move a near tie,
+    so stored completions record it (an evaluation resumed with another ``--compile`` does not reuse them)."""
+    if not compile:
+        return "eager"
+    return "fallback" if "compile_fallback" in stats else "compiled"
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,14 +84,15 @@ def complete(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Samp
         row_seeds: one seed per prompt (default ``row_seed(config.seed, i)``, i the prompt's index here).
         streamer: for a single prompt, a streamer receiving its tokens as they become final.
         on_batch: called with the number of prompts of each finished batch.
-        compile: ``torch.compile`` the model step (:func:`~rpt.sampling.generate` only).
+        compile: ``torch.compile`` the model step (:func:`~rpt.sampling.generate` only; a string names the
+            backend).
     """
     decode = decode or generate
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} is invalid: use an integer >= 1")
     seeds = randomness.row_seeds(config.seed, len(prompt_ids), row_seeds)
     device = next(model.parameters()).device
-    extra = {"compile": True} if compile else {}
+    extra = {"compile": compile} if compile else {}
     out: list[Completion] = []
     for start in range(0, len(prompt_ids), batch_size):
         batch = [list(p) for p in prompt_ids[start: start + batch_size]]
@@ -88,10 +100,11 @@ def complete(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Samp
         result = decode(model, ids, config, mask, tokenizer=tokenizer, streamer=streamer,
                         row_seeds=seeds[start: start + len(batch)], **extra)
         stats = dict(result.stats)  # one dict per batch, shared by its rows
+        path = decode_path(compile, stats)
         for b, prompt in enumerate(batch):
             new = result.generated(b)
             out.append(Completion(completion_text(tokenizer, prompt, result.fed_prompt(b), new, config.stop), prompt,
-                                  new, result.finish_reasons[b], result.row_seeds[b], stats))
+                                  new, result.finish_reasons[b], result.row_seeds[b], stats, path))
         if on_batch is not None:
             on_batch(len(batch))
     return out

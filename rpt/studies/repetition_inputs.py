@@ -15,8 +15,8 @@ FAMILIES = ("none", "repetition", "frequency", "lz", "rpt_lz")
 
 def check_args(args) -> None:
     """``eval/repetition.py``'s flags before the model loads: one :class:`EvalInputError` naming the flag."""
+    from rpt.devices import check_device  # late: torch, only the script's checks
     from rpt.report import out_problem  # late: matplotlib, only the script needs it
-    from rpt.sampling.loading import check_device  # late: transformers, only the script's checks
 
     problem = out_problem(args.out)
     if problem is not None:
@@ -65,7 +65,11 @@ def load_prompts(args, tokenizer) -> list[dict]:
 
 
 def item_key(setting: study.Setting, prompt: dict, args) -> str:
-    """The result store's key of one (setting, prompt): everything its record depends on."""
-    spec = json.dumps([setting.name, setting.overrides, prompt["prompt"], args.max_new_tokens, args.min_len, args.min_repeats],
-                      default=str)
+    """The result store's key of one (setting, prompt): everything its record depends on; a compiled
+    decode's key apart from an eager one's (as :func:`rpt.benchmarks.sweep.generation_key`; eager keys as
+    before)."""
+    parts = [setting.name, setting.overrides, prompt["prompt"], args.max_new_tokens, args.min_len, args.min_repeats]
+    if getattr(args, "compile", False):
+        parts.append({"compile": args.compile})
+    spec = json.dumps(parts, default=str)
     return hashlib.sha1(spec.encode()).hexdigest()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,6 +99,8 @@ def summarise(settings: Sequence[Setting], records: dict[str, list[dict]]) -> li
             "degenerate_rate": sum(r["degenerate"] for r in recs) / len(recs) if recs else None,
             "mean_loglik": sum(lls) / len(lls) if lls else None,
             "mean_new_tokens": sum(r["new_tokens"] for r in recs) / len(recs) if recs else None,
+            # the decode that made each record (records stored before they said so were eager: their keys say so)
+            "decoded_by": dict(Counter(r.get("path", "eager") for r in recs)),
         })
     return rows
 
