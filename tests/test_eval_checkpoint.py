@@ -238,6 +238,7 @@ def test_gsm8k_checkpoint_sweep_and_resume(scripts, ckpt, calls, tmp_path):
     assert n_prompts(calls) == 8
 
 
+@needs_data
 def test_stored_generations_are_not_reused_for_another_dtype_or_retrained_weights(scripts, ckpt, calls, tmp_path):
     """The resume key holds what a completion depends on beyond the path: the weights' dtype, and
     the checkpoint's files (a checkpoint rewritten in place is another model)."""
