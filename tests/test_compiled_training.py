@@ -167,6 +167,9 @@ def test_blocks_are_found_in_other_architectures_and_keep_their_names():
         compile_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
+# slow (10 s, two processes): two-process DDP stays in the default suite through test_training.py's
+# test_two_process_ddp_matches_single_process, compiled blocks through test_compiled_blocks_train_like_eager_and_compile_once
+@pytest.mark.slow
 def test_two_process_ddp_trains_compiled_blocks_in_lockstep(tmp_path):
     """The compiled blocks under DDP's gradient hooks (aot_eager: dynamo + AOTAutograd, no codegen):
     both ranks train, and their replicas are bitwise the same after the steps."""

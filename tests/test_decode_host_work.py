@@ -144,7 +144,9 @@ def per_step_work(model, work: HostWork, rpt_iters: int, batch: int) -> tuple[fl
     return (runs[64][0] - runs[32][0]) / 32, (runs[64][1] - runs[32][1]) / 32
 
 
-@pytest.mark.parametrize("rpt_iters", [0, 1])
+# NTP is slow (8 s): the counters and the queued-read path are the same code for both objectives, and
+# NTP's several steps per read stay in the default suite through test_decode_paths.py
+@pytest.mark.parametrize("rpt_iters", [pytest.param(0, marks=pytest.mark.slow), 1])
 def test_host_work_per_compiled_step_is_small_and_independent_of_depth_and_batch(models, host_work, monkeypatch,
                                                                                    rpt_iters):
     """At most 20 operations and one transfer per step outside the compiled step, the same at 2 and 8

@@ -25,6 +25,9 @@ def ckpt(tmp_path_factory) -> str:
     return long_context_checkpoint(tmp_path_factory.mktemp("lm_eval_ckpt") / "rpt")
 
 
+# slow (13 s, an lm-eval start-up in a subprocess): the adapter's generation and loglikelihood, the entry
+# point's registration and the task file stay in the default suite (the tests below)
+@pytest.mark.slow
 def test_cli_runs_offline_and_writes_results(ckpt, tmp_path):
     # lm-eval runs in tmp/work, the task reads ../shared/data/gsm8k from there, as from a checkout
     work = tmp_path / "work"

@@ -185,6 +185,9 @@ def test_bad_inputs_give_one_clear_error(ckpt, capsys, tmp_path):
     assert "--prompts" not in bad(capsys, "--checkpoint", ckpt["rpt"], "--prompt", "x", "--temperature", -1)
 
 
+# slow (10 s, a second interpreter loading torch): sample.py's decode and its one-line errors stay in the
+# default suite in process, and as a subprocess through test_an_unreachable_hub_is_one_line
+@pytest.mark.slow
 def test_subprocess_smoke(ckpt, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     ok = subprocess.run([sys.executable, "sample.py", "--checkpoint", ckpt["rpt"], "--prompt", "def fib(n):",

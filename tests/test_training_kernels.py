@@ -127,8 +127,11 @@ def test_step_profile_attributes_a_steps_time_to_its_kernels():
         shares = profile.shares()
         assert set(shares) == set(CATEGORIES) and all(shares[c] > 0 for c in CATEGORIES), shares
         assert sum(shares.values()) == pytest.approx(1.0)
-        table = profile.table(top=5)
+        # every operation listed: on a loaded machine the elementwise ops of a one-step profile can push the
+        # matrix products out of a top-5 (seen at load 6 on 2 cores)
+        table = profile.table(top=len(profile.time_us))
         assert "aten::mm" in table and table.splitlines()[-1].startswith("shares: gemm")
+        assert len(profile.table(top=5).splitlines()) == 5 + 3  # the heading, the columns, 5 rows, the shares
     assert category(["aten::mm", "aten::matmul", "aten::linear"], "sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
     assert category(["aten::mm", "LinearCrossEntropyBackward"], "sm90_xmma_gemm_bf16bf16") == "loss head"
     assert category(["aten::_fused_adamw_", "Optimizer.step#AdamW.step"], "multi_tensor_apply_kernel") == "optimizer"

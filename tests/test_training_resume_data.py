@@ -47,6 +47,10 @@ def assert_same_losses(ref_dir, cut_dir, steps: int):
         assert b[step]["loss"] == pytest.approx(a[step]["loss"], rel=1e-6, abs=0), step
 
 
+# slow (12 s, two trainings): a streamed resume with two workers past an epoch stays in the default suite
+# through test_data_order.py's test_resume_continues_exactly, a trained resume through test_training.py's
+# test_killed_run_resumes_exactly
+@pytest.mark.slow
 def test_streamed_two_workers_resume_after_epoch_boundary_same_losses(tmp_path):
     cfg = streamed_config(tmp_path, docs=30)
     ref, cut = tmp_path / "ref", tmp_path / "cut"
