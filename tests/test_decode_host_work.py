@@ -246,7 +246,7 @@ def test_every_tensor_the_compiled_step_reads_keeps_its_storage(models, monkeypa
 def test_the_storage_test_sees_a_reallocated_input(models, monkeypatch):
     """The address record fails when a step input is reallocated: the KV cache reallocated between two
     decodes (the pool switched off: each decode builds its own buffers) gives two address sets."""
-    from rpt.sampling import fast_decoder
+    from rpt.sampling import decoder
 
     torch._dynamo.reset()
     backend = Addresses()
@@ -260,7 +260,7 @@ def test_the_storage_test_sees_a_reallocated_input(models, monkeypatch):
             backend.recording = False
 
     monkeypatch.setattr(compiled_ntp.CompiledNTPStep, "__call__", recording)
-    monkeypatch.setattr(fast_decoder, "borrow", lambda model, key, build: (build(), False))
+    monkeypatch.setattr(decoder, "borrow", lambda model, key, build: (build(), False))
     ids, mask = ragged(2)
     for _ in range(2):
         generate(models[2], ids, SamplingConfig(max_new_tokens=8, eos_token_id=[]), attention_mask=mask,

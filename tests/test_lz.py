@@ -7,8 +7,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessorList
 
-import rpt.sampling.lz as lz_module
+import rpt.sampling.lz_incremental as lz_incremental
 from rpt.sampling import LZPenaltyLogitsProcessor, lz_penalty
+from rpt.sampling.lz_processor import ClosestLongestLZLogitsProcessor
 from tests.tiny_models import tiny_llama
 
 
@@ -190,8 +191,8 @@ def test_incremental_decode_loop_equals_definition(monkeypatch, window, buffer, 
     others = [fixed, fixed[:, :50], fixed[:, :51], fixed[:2]]
     others_want = [-lz_penalty(ids[:, prompt:], vocab, window, buffer) for ids in others]
     calls = []
-    fresh = lz_module.lz_match_lengths
-    monkeypatch.setattr(lz_module, "lz_match_lengths", lambda *a, **k: calls.append(1) or fresh(*a, **k))
+    fresh = lz_incremental.lz_match_lengths  # where the tracker looks it up
+    monkeypatch.setattr(lz_incremental, "lz_match_lengths", lambda *a, **k: calls.append(1) or fresh(*a, **k))
     proc = LZPenaltyLogitsProcessor(1.0, window, buffer, prompt_length=prompt, incremental=True)
     scores = torch.zeros(rows, vocab)
     for t, want in zip(range(prompt + 1, prompt + steps + 1), wants):
@@ -514,7 +515,7 @@ def test_variant_is_validated_and_reaches_the_sampler():
 
 @pytest.mark.parametrize("variant, cls, oracle", [
     ("codelength", LZPenaltyLogitsProcessor, brute_lz),
-    ("closest_longest", lz_module.ClosestLongestLZLogitsProcessor, brute_closest_longest),
+    ("closest_longest", ClosestLongestLZLogitsProcessor, brute_closest_longest),
 ])
 @pytest.mark.parametrize("incremental", [None, True])
 def test_each_variant_class_matches_its_brute_force_oracle(variant, cls, oracle, incremental):
@@ -536,6 +537,6 @@ def test_each_variant_class_matches_its_brute_force_oracle(variant, cls, oracle,
 def test_default_variant_is_codelength_and_a_class_keeps_its_variant():
     assert type(LZPenaltyLogitsProcessor(0.15)) is LZPenaltyLogitsProcessor
     with pytest.raises(ValueError, match="is the closest_longest variant"):
-        lz_module.ClosestLongestLZLogitsProcessor(0.15, variant="codelength")
+        ClosestLongestLZLogitsProcessor(0.15, variant="codelength")
     with pytest.raises(ValueError, match="LZ variant='lz78'"):
         LZPenaltyLogitsProcessor(0.15, variant="lz78")

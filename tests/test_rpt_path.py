@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpt.sampling import SamplingConfig, generate, generate_reference, rpt_path
-from rpt.sampling.fast_decoder import Decoder
+from rpt.sampling.decoder import Decoder
 from tests.test_decoder import prompts, rpt_model
 
 

@@ -23,7 +23,8 @@ import math
 import torch
 
 from rpt.integrations.lz_settings import LZSettings
-from rpt.sampling.lz import apply_closest_longest, apply_codelength, lz_match_lengths, penalty_table
+from rpt.sampling.lz import lz_match_lengths
+from rpt.sampling.lz_logits import apply_closest_longest, apply_codelength, penalty_table
 
 
 class _SlotGroup:

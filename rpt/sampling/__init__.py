@@ -1,14 +1,16 @@
 """Sampling: the config, the RPT decoders, the LZ penalty, the standard penalties and warpers, token healing.
 
 Modules: :mod:`~rpt.sampling.algorithm` (RPT stated once), :mod:`~rpt.sampling.fast_decoder`
-(``generate``: batched, on a KV cache; plain NTP through :mod:`~rpt.sampling.ntp_path`, all rows as
-tensors, the common steps of greedy RPT and sampled k = 1 RPT through :mod:`~rpt.sampling.rpt_path`;
-both steps functions of the :mod:`~rpt.sampling.decode_state`, pooled for compiled decodes by
-:mod:`~rpt.sampling.decode_buffers`), :mod:`~rpt.sampling.reference` (``generate_reference``:
-uncached, the oracle), :mod:`~rpt.sampling.proposals` and :mod:`~rpt.sampling.randomness` (the
-proposal rules and position-keyed draws both decoders share), :mod:`~rpt.sampling.prompts`,
-:mod:`~rpt.sampling.output`, :mod:`~rpt.sampling.streaming`, :mod:`~rpt.sampling.stopping`,
-:mod:`~rpt.sampling.texts` (prompts in, texts out), the processors and the loaders.
+(``generate``: batched, on a KV cache, driven per row by :mod:`~rpt.sampling.decoder`; plain NTP
+through :mod:`~rpt.sampling.ntp_path`, all rows as tensors, the common steps of greedy RPT and
+sampled k = 1 RPT through :mod:`~rpt.sampling.rpt_path`; both steps functions of the
+:mod:`~rpt.sampling.decode_state`, pooled for compiled decodes by :mod:`~rpt.sampling.decode_buffers`),
+:mod:`~rpt.sampling.reference` (``generate_reference``: uncached, the oracle),
+:mod:`~rpt.sampling.proposals` and :mod:`~rpt.sampling.randomness` (the proposal rules and
+position-keyed draws both decoders share), :mod:`~rpt.sampling.prompts`, :mod:`~rpt.sampling.output`,
+:mod:`~rpt.sampling.streaming`, :mod:`~rpt.sampling.stopping`, :mod:`~rpt.sampling.texts` (prompts
+in, texts out), the LZ penalty (:mod:`~rpt.sampling.lz`, its definition), the processors and the
+loaders.
 """
 
 import importlib
@@ -20,8 +22,8 @@ _WHERE = {
     "generate": "fast_decoder",
     "HealedPrompt": "healing", "TokenHealingLogitsProcessor": "healing", "TokenVocabulary": "healing",
     "heal_prompt": "healing", "heal_prompts": "healing",
-    "LZMatchTracker": "lz", "LZPenaltyLogitsProcessor": "lz", "lz_match_costs": "lz", "lz_match_lengths": "lz",
-    "lz_penalty": "lz",
+    "LZMatchTracker": "lz_incremental", "LZPenaltyLogitsProcessor": "lz_processor", "lz_match_costs": "lz",
+    "lz_match_lengths": "lz", "lz_penalty": "lz",
     "GenerateOutput": "output",
     "FrequencyPresencePenaltyLogitsProcessor": "processors", "build_logits_processors": "processors",
     "penalty_processors": "processors", "warper_processors": "processors",

@@ -11,7 +11,7 @@ list of requests and is sent back their answers, in order:
 each given the row's tokens *at the time of the yield*; ``it`` and the lag key the draw
 (:mod:`rpt.sampling.randomness`), so the answer does not depend on who computes it or when. The
 reference decoder (:mod:`rpt.sampling.reference`) answers each request with one uncached model call;
-the fast decoder (:mod:`rpt.sampling.fast_decoder`) batches the requests of all rows into one call
+the fast decoder (:mod:`rpt.sampling.decoder`) batches the requests of all rows into one call
 on a KV cache and answers NTP requests from logits it already has when the prefix is unchanged.
 
 For each new position t (0-based, prompt ``x_<P``):

@@ -16,7 +16,7 @@ meaning (:func:`rpt.sampling.proposals.block_proposals` takes either):
   column, LZ treats them as gaps). One shape for every step, so one graph for a whole decode.
 
 ``upto(c, last)`` returns ``(proposer, context)``; ``last`` (``[batch]``, optional) replaces the token
-at column c (a decoder feeding a guess there, :mod:`rpt.sampling.fast_decoder`).
+at column c (a decoder feeding a guess there, :mod:`rpt.sampling.decoder`).
 """
 
 from __future__ import annotations

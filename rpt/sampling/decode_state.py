@@ -41,7 +41,7 @@ def eos_slots(count: int) -> int:
 class DecodeState:
     """The decode's device tensors (shapes for ``batch`` rows and a layout ``width`` columns wide).
 
-    Owner: the :class:`~rpt.sampling.fast_decoder.Decoder` that allocated it (an eager decode: freed
+    Owner: the :class:`~rpt.sampling.decoder.Decoder` that allocated it (an eager decode: freed
     with the decoder), or the pool entry it was lent from (a compiled decode,
     :class:`~rpt.sampling.decode_buffers.DecodeBuffers`: freed when the pool drops the entry).
     """
@@ -65,7 +65,7 @@ class DecodeState:
     rows: int = 0  # the decode's rows; those after them pad the batch to its bucket (inert: done, never alive)
     ragged: bool = False  # some row is left-padded (then pads is the visibility's start)
     static: bool = False  # the buffers' addresses are marked static (pooled: compiled steps replay on them)
-    # device tensors of each query-block pattern (rpt.sampling.fast_decoder._Pattern), kept with the
+    # device tensors of each query-block pattern (rpt.sampling.query_block.Pattern), kept with the
     # buffers so that a pooled state's compiled step reads the same tensors in every decode
     patterns: dict = field(default_factory=dict)
     pending: dict = field(default_factory=dict)  # ProposalLayout -> [batch, width] long: a call's proposals

@@ -1,7 +1,7 @@
 r"""The batch-flat NTP path of ``generate`` (``rpt_iters == 0``): host work that does not grow with
 the batch.
 
-The per-row driver (:mod:`rpt.sampling.fast_decoder`) resumes every row's program
+The per-row driver (:mod:`rpt.sampling.decoder`) resumes every row's program
 (:func:`rpt.sampling.algorithm.decode_row`) each step, tens of microseconds of Python per row. For
 plain NTP sampling the program is one proposal per position and a stop check, so here the decode
 state of all rows lives in device tensors (tokens, each row's last column, which rows are done)
@@ -44,7 +44,7 @@ def _eager_step(d, logits: torch.Tensor, n: int) -> None:
 
 
 def run(d) -> GenerateOutput:
-    """Decode every row of the :class:`~rpt.sampling.fast_decoder.Decoder` ``d`` to its end."""
+    """Decode every row of the :class:`~rpt.sampling.decoder.Decoder` ``d`` to its end."""
     s, W = d.state, d.W
     n = W - 1
     # the prefill (the prompts' columns) and its proposals run eagerly; with compile, every later step

@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from rpt.sampling.config import TENSOR_KNOBS, SamplingConfig
-from rpt.sampling.lz import LZPenaltyLogitsProcessor
+from rpt.sampling.lz_processor import LZPenaltyLogitsProcessor
 
 Columns = int | torch.Tensor
 

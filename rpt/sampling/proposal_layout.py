@@ -2,7 +2,7 @@ r"""The column layout of a decoder call's proposals: one ``[batch, width]`` int6
 that the device hands every proposal and acceptance of the call to the host in one transfer.
 
 :func:`~rpt.sampling.proposals.block_proposals` writes it; the per-row driver
-(:mod:`rpt.sampling.fast_decoder`), the batch-flat common step (:mod:`rpt.sampling.rpt_path`,
+(:mod:`rpt.sampling.decoder`), the batch-flat common step (:mod:`rpt.sampling.rpt_path`,
 :mod:`rpt.sampling.compiled_rpt`) and its event check (:mod:`rpt.sampling.step_events`) read it,
 all through the named columns here.
 """

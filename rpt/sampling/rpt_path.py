@@ -1,7 +1,7 @@
 r"""The batch-flat common step of RPT (``rpt_iters >= 1``): host work that does not grow with the batch
 while nothing happens. Greedy (``temperature == 0``, any k) and sampled with one iteration (k = 1).
 
-The per-row driver (:mod:`rpt.sampling.fast_decoder`) resumes every row's program
+The per-row driver (:mod:`rpt.sampling.decoder`) resumes every row's program
 (:func:`rpt.sampling.algorithm.decode_row`) at every step: tens of microseconds of Python per row.
 The common step is the same for every row. Greedy: the NTP proposal ``x_m`` (known from the
 previous call) is appended, the sweep over the window finds no accepted proposal that differs from
@@ -23,7 +23,7 @@ position.
 At an event the step is handed back unfinished: every live row gets a fresh program resumed at
 position ``m`` (:func:`~rpt.sampling.algorithm.decode_row` with ``start``), the driver's view of the
 cache (through ``m - 1``) and the proposals for ``m``, and the driver runs position ``m`` per row,
-reusing the call just made (:meth:`~rpt.sampling.fast_decoder.Decoder.hand_over`), so an event costs
+reusing the call just made (:meth:`~rpt.sampling.decoder.Decoder.hand_over`), so an event costs
 no extra call. The driver hands over again once every live row has settled a column. Stop strings,
 token healing and a streamer stay with the per-row driver.
 """
@@ -50,7 +50,7 @@ def run(d, n: int) -> int:
 
     The rows' state lives in ``d.state`` (:class:`~rpt.sampling.decode_state.DecodeState`): which rows
     are live, their proposals for the step's column, the step's column, the layout; each step
-    (:meth:`~rpt.sampling.fast_decoder.Decoder.common_step`) updates it in place. Compiled, several
+    (:meth:`~rpt.sampling.decoder.Decoder.common_step`) updates it in place. Compiled, several
     steps run between two reads of the flags (:func:`~rpt.sampling.step_compile.steps_per_read`): a
     step that hits an event commits nothing, so those queued after it repeat its column, and the
     event's column is read from the state."""
