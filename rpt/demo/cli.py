@@ -1,6 +1,6 @@
 """``make demo``: the papers' protocol in miniature, on a CPU, with a model trained here.
 
-    python -m rpt.demo [--out runs/demo] [--scale 1.0]
+    python -m rpt.demo [--out runs/demo] [--finetune-seeds 0 1] [--controlled-followup]
 
 Stages (each cached in ``<out>/stages/<name>.json``; a rerun skips finished ones):
 
