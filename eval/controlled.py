@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.studies import controlled as ctl  # noqa: E402
 from rpt.studies.controlled_run import DEFAULT_OUT, FINETUNE_CONFIG, SWEEP_QS, run_controlled  # noqa: E402
+from rpt.studies.controlled_source import Design  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--finetune-config", default=FINETUNE_CONFIG,
                         help="the RPT fine-tune's config (default %(default)s; the follow-up: "
                              "configs/controlled_finetune_ptp_rich.yaml)")
-    parser.add_argument("--contexts", type=int, default=ctl.Design.contexts, help="evaluation contexts")
+    parser.add_argument("--contexts", type=int, default=Design.contexts, help="evaluation contexts")
     parser.add_argument("--source", default=None, help="an existing source directory (with --checkpoints)")
     parser.add_argument("--checkpoints", nargs="+", default=None, help="evaluate these RPT checkpoints only")
     parser.add_argument("--compare", nargs="*", default=[], metavar="LABEL=F.json",

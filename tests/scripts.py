@@ -66,7 +66,7 @@ def shortened(tokens: list[str], repo: Path) -> list[str]:
 def short_demo(repo: Path, env: dict) -> None:
     """What the README's commands read after ``make demo``, in miniature: ``runs/demo/ar_c/final``
     (configs/tiny_pretrain.yaml, NTP) and ``runs/demo/rpt/final`` (configs/tiny_finetune.yaml from it),
-    trained as the demo trains them (rpt/demo.py), for a few steps of a micro model."""
+    trained as the demo trains them (rpt/demo/training_stages.py), for a few steps of a micro model."""
     import subprocess
     import sys
 

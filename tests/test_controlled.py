@@ -13,6 +13,10 @@ import torch
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import window_chain as wc
+from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.studies.controlled_source import Design, write_source
+from rpt.studies.model_conditionals import model_conditionals, model_conditionals_reference
+from rpt.studies.sec3_errors import sec3_errors, theory_curve
 from tests.scripts import load_script
 
 
@@ -163,7 +167,7 @@ def test_sec3_errors_on_the_paper_example():
         init=[np.array([[0.6, 0.4]]), truth.init[1]],
         resample=[np.array([[[0.55, 0.55], [0.45, 0.45]]]), truth.init[1]],  # P(a | b) = (0.55, 0.45)
     )
-    e = ctl.sec3_errors(model, truth)
+    e = sec3_errors(model, truth)
     assert e["eps_marginal"][0] == pytest.approx(0.1)
     assert e["eps_prev_max"][0] == pytest.approx(0.05) and e["eps_prev_avg"][0] == pytest.approx(0.05)
     assert e["eps_next_max"][0] == pytest.approx(0.0)
@@ -174,9 +178,9 @@ def test_sec3_errors_on_the_paper_example():
 
 
 def test_noise_model_prediction_favours_rpt_when_ptp_is_better(small_hmm):
-    design = dataclasses.replace(ctl.Design(), contexts=50, context_len=6)
+    design = dataclasses.replace(Design(), contexts=50, context_len=6)
     truth = ctl.truth_for(small_hmm, design)
-    curve = ctl.theory_curve(truth.cond, truth.joint, 0.1, (0.0, 3.0), 2, seed=0)
+    curve = theory_curve(truth.cond, truth.joint, 0.1, (0.0, 3.0), 2, seed=0)
     assert curve[0]["tv1_over_tv0"] < 1.0 < curve[1]["tv1_over_tv0"]
     assert curve[0]["measured_ratio"] == 0.0 and curve[1]["measured_ratio"] > 1.0
 
@@ -185,7 +189,7 @@ def test_noise_model_prediction_favours_rpt_when_ptp_is_better(small_hmm):
 def test_bootstrap_interval_matches_the_normal_one():
     rng = np.random.default_rng(0)
     x = rng.normal(1.0, 2.0, size=2000)
-    lo, hi = ctl.bootstrap_ci(x, resamples=4000, seed=1)
+    lo, hi = bootstrap_ci(x, resamples=4000, seed=1)
     half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))
     assert lo < x.mean() < hi
     assert (hi - lo) / 2 == pytest.approx(half, rel=0.1)
@@ -196,7 +200,7 @@ def test_summary_pairs_the_difference():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.02, 0.08, size=(2, 1, 300))
     tv = np.concatenate([base, base - 0.01, base - 0.005], axis=1)
-    s = ctl.summarise_tv(tv)
+    s = summarise_tv(tv)
     assert s["diff_ci95"] == pytest.approx([-0.01, -0.01])
     assert s["diff_1_0"]["frac_contexts_improved"] == 1.0
     assert s["k"]["0"]["ci95"][0] < s["k"]["0"]["mean"] < s["k"]["0"]["ci95"][1]
@@ -220,8 +224,8 @@ def test_packed_queries_equal_one_full_sequence_per_query(window):
     torch.manual_seed(0)
     model = tiny_rpt(vocab=6)
     contexts = np.random.default_rng(0).integers(0, 4, size=(3, 7))
-    fast = ctl.model_conditionals(model, contexts, window, vocab=4, batch_size=2)
-    slow = ctl.model_conditionals_reference(model, contexts, window, vocab=4)
+    fast = model_conditionals(model, contexts, window, vocab=4, batch_size=2)
+    slow = model_conditionals_reference(model, contexts, window, vocab=4)
     for a, b in zip(fast.init + fast.resample, slow.init + slow.resample):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -230,7 +234,7 @@ def test_reference_query_is_the_ptp_call_by_hand():
     """PTP-1 of x_i given x_{i+1} = b: context at 0..L-1, b at position L + 1 with offset row 1."""
     model = tiny_rpt(vocab=6)
     context = [1, 3, 0, 2, 2]
-    cond = ctl.model_conditionals_reference(model, np.array([context]), 2, vocab=4)
+    cond = model_conditionals_reference(model, np.array([context]), 2, vocab=4)
     b = 3
     with torch.no_grad():
         logits = model(torch.tensor([context + [b]]), position_ids=torch.tensor([[0, 1, 2, 3, 4, 6]]),
@@ -243,8 +247,8 @@ def test_reference_query_is_the_ptp_call_by_hand():
 
 # ---- data and script ----------------------------------------------------------------------------------
 def test_source_files_tokenise_one_symbol_per_token(tmp_path):
-    design = dataclasses.replace(ctl.Design(), train_docs=20, val_docs=5, doc_len=12)
-    files = ctl.write_source(str(tmp_path / "source"), design)
+    design = dataclasses.replace(Design(), train_docs=20, val_docs=5, doc_len=12)
+    files = write_source(str(tmp_path / "source"), design)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(files.tokenizer)
@@ -262,8 +266,8 @@ def test_source_files_tokenise_one_symbol_per_token(tmp_path):
 def test_script_evaluates_checkpoints(tmp_path, monkeypatch):
     """The evaluate-only path on a random tiny checkpoint: the report's keys and files."""
     script = load_script("eval/controlled.py")
-    design = dataclasses.replace(ctl.Design(), train_docs=4, val_docs=4, doc_len=16)
-    files = ctl.write_source(str(tmp_path / "source"), design)
+    design = dataclasses.replace(Design(), train_docs=4, val_docs=4, doc_len=16)
+    files = write_source(str(tmp_path / "source"), design)
     model = tiny_rpt(vocab=design.vocab + 2, window=2)
     model.save_pretrained(tmp_path / "ckpt")
     out = tmp_path / "out" / "controlled.json"

@@ -10,6 +10,7 @@ import sys
 import time
 
 from rpt import demo
+from rpt.demo.stages import side_by_side
 
 
 def fake_stages(tmp_path) -> demo.Stages:
@@ -71,11 +72,11 @@ def test_side_by_side_stages_run_at_once_and_are_cached(tmp_path):
         code = (f"import json, time; t = time.time(); time.sleep(1.0); "
                 f"json.dump([t, time.time()], open({str(stamp)!r}, 'w'))")
         runs[name] = ([sys.executable, "-c", code], tmp_path / f"{name}.log", lambda p=stamp: json.loads(p.read_text()))
-    demo._side_by_side(stages, runs)
+    side_by_side(stages, runs)
     (a0, a1), (b0, b1) = stages.results["a"], stages.results["b"]
     assert max(a0, b0) < min(a1, b1)  # both were running at the same time
     again = demo.Stages(tmp_path)
-    demo._side_by_side(again, {name: (["false"], tmp_path / "x.log", lambda: None) for name in runs})  # cached
+    side_by_side(again, {name: (["false"], tmp_path / "x.log", lambda: None) for name in runs})  # cached
     assert again.results == stages.results
 
 

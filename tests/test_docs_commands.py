@@ -83,8 +83,8 @@ def test_doc_command_matches_the_code(where, command, help_texts):
         assert re.search(rf"^{tokens[1]}:", (ROOT / "Makefile").read_text(), flags=re.M), command
         return
     if "-m" in tokens:
-        module = tokens[tokens.index("-m") + 1]
-        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), command
+        path = ROOT / tokens[tokens.index("-m") + 1].replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), command  # a module or a package
         return
     script = script_of(tokens)
     if script is None or "*" in script:

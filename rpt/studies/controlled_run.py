@@ -26,6 +26,8 @@ from rpt.report import out_problem, save_figure, sibling, write_json, write_mark
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import theory_prediction as tt
+from rpt.studies.controlled_source import Design, SourceFiles, write_source
+from rpt.studies.sec3_errors import theory_curve
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py and configs/ live there
 DEFAULT_OUT = "runs/controlled/controlled.json"
@@ -99,16 +101,16 @@ def _losses(run_dir: Path) -> dict | None:
     return {k: v for k, v in evals[-1].items() if k.startswith("eval_")} if evals else None
 
 
-def prepare_source(work: Path, design: ctl.Design) -> ctl.SourceFiles:
-    files = ctl.SourceFiles(str(work / "source"))
-    if os.path.exists(files.hmm) and ctl.Design.from_dict(json.loads(Path(files.hmm).read_text())["design"]).source_dict() == design.source_dict():
+def prepare_source(work: Path, design: Design) -> SourceFiles:
+    files = SourceFiles(str(work / "source"))
+    if os.path.exists(files.hmm) and Design.from_dict(json.loads(Path(files.hmm).read_text())["design"]).source_dict() == design.source_dict():
         print(f"[controlled] source {files.dir}: cached", flush=True)
         return files
     shutil.rmtree(files.dir, ignore_errors=True)  # with it the packed-data cache of older samples
-    return ctl.write_source(files.dir, design)
+    return write_source(files.dir, design)
 
 
-def train_seeds(work: Path, files: ctl.SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
+def train_seeds(work: Path, files: SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
                 parallel: int, finetune_config: str = FINETUNE_CONFIG) -> list[tuple[int, str, Path]]:
     """NTP pretraining, then the RPT fine-tune from it, per seed (seeds side by side)."""
     data = [f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}", f"cache_dir={files.dir}/cache"]
@@ -125,7 +127,7 @@ def train_seeds(work: Path, files: ctl.SourceFiles, seeds: list[int], pretrain_s
     return [(s, rpt[s].final, rpt[s].run_dir) for s in seeds]
 
 
-def sweep_jobs(work: Path, files: ctl.SourceFiles, qs: list[float], seeds: list[int], steps: int | None,
+def sweep_jobs(work: Path, files: SourceFiles, qs: list[float], seeds: list[int], steps: int | None,
                ntp_arm: bool) -> list[tuple[float | None, int, TrainJob]]:
     """One from-scratch run per (arm, seed); the pure-NTP arm is q = None (objective ntp)."""
     base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
@@ -144,7 +146,7 @@ def config_steps(config: str) -> int:
 
 def run_sweep(args) -> dict:
     """Train (cached per run) and evaluate the sweep; returns the ``theory_test`` summary."""
-    design = ctl.Design(contexts=args.contexts)
+    design = Design(contexts=args.contexts)
     work = Path(args.work).resolve()
     files = prepare_source(work, design)
     hmm = hmm_lib.HMM.from_dict(json.loads(Path(files.hmm).read_text())["hmm"])
@@ -170,7 +172,7 @@ def write_sweep(out: str, summary: dict) -> list[Path]:
             save_figure(tt.plot(summary), sibling(out, ".png"))]
 
 
-def evaluate(design: ctl.Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Path | None]]) -> dict:
+def evaluate(design: Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Path | None]]) -> dict:
     from rpt.sampling.loading import load_model, rpt_window_of  # late: transformers, for checkpoints
 
     truth = ctl.truth_for(hmm, design)
@@ -186,7 +188,7 @@ def evaluate(design: ctl.Design, hmm: hmm_lib.HMM, runs: list[tuple[int, str, Pa
         result.update(seed=seed, checkpoint=checkpoint, losses=_losses(run_dir) if run_dir else None)
         evaluated.append(result)
     theory = {"eps_n": design.theory_eps_n,
-              "curve": ctl.theory_curve(truth.cond, truth.joint, design.theory_eps_n, design.theory_ratios,
+              "curve": theory_curve(truth.cond, truth.joint, design.theory_eps_n, design.theory_ratios,
                                         design.iters, seed=design.eval_seed)}
     summary = ctl.summarise(design, evaluated, theory, ctl.source_stats(truth))
     val_docs = np.asarray(hmm_lib.sample(hmm, design.val_docs, design.doc_len, seed=design.hmm_seed + 2))
@@ -267,11 +269,11 @@ def run_controlled(args: argparse.Namespace) -> int:
             print(f"error: --compare {item}: {path} not found", file=sys.stderr)
             return 2
         others.append((label or Path(path).stem, json.loads(Path(path).read_text())))
-    design = ctl.Design(contexts=args.contexts)
+    design = Design(contexts=args.contexts)
     t0 = time.perf_counter()
     if args.checkpoints:
-        meta = json.loads(Path(ctl.SourceFiles(args.source).hmm).read_text())
-        design = dataclasses.replace(ctl.Design.from_dict(meta["design"]), contexts=args.contexts)
+        meta = json.loads(Path(SourceFiles(args.source).hmm).read_text())
+        design = dataclasses.replace(Design.from_dict(meta["design"]), contexts=args.contexts)
         hmm = hmm_lib.HMM.from_dict(meta["hmm"])
         runs = [(i, c, None) for i, c in enumerate(args.checkpoints)]
     else:

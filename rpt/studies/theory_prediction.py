@@ -27,7 +27,10 @@ from scipy.stats import spearmanr
 
 from rpt.studies import controlled as ctl
 from rpt.studies import window_chain as wc
+from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.studies.controlled_source import Design
 from rpt.studies.error_analysis import ETAS  # the same etas as the LM error analysis reports
+from rpt.studies.sec3_errors import eps_ratios, sec3_errors
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -54,7 +57,7 @@ def shared_noisy_conditionals(cond: wc.WindowConditionals, eps_n: float, eps_p: 
 
 def _point(noisy: wc.WindowConditionals, truth: wc.WindowConditionals, joint: np.ndarray) -> tuple[float, float]:
     j0, j1 = wc.joints_by_iters(noisy, 1)
-    errs = ctl.sec3_errors(noisy, truth)
+    errs = sec3_errors(noisy, truth)
     ratio = float(errs["eps_prev_avg"].mean() / errs["eps_next_avg"].mean())
     return ratio, float(wc.tv(j1, joint).mean() / wc.tv(j0, joint).mean())
 
@@ -104,7 +107,7 @@ def crossovers(truth: ctl.Truth, eps_n: float, seed: int) -> dict:
     """The three ``r*`` of the module docstring, from the truth alone, with the curves they come from."""
     curves = {"noise_model": noise_curve(truth.cond, truth.joint, eps_n, shared=False, seed=seed),
               "shared_noise": noise_curve(truth.cond, truth.joint, eps_n, shared=True, seed=seed)}
-    kappa = ctl.sec3_errors(truth.cond, truth.cond)["kappa"]
+    kappa = sec3_errors(truth.cond, truth.cond)["kappa"]
     return {"noise_model": crossover(curves["noise_model"]), "shared_noise": crossover(curves["shared_noise"]),
             "theorem1": theorem1_crossover(kappa), "eps_n": eps_n, "curves": curves,
             "kappa_mean": float(np.mean(kappa))}
@@ -130,8 +133,8 @@ def arm_entry(q: float | None, seed: int, result: dict, r_star: float, truth: ct
               model_cond: wc.WindowConditionals | None = None) -> dict:
     """One trained model's row: ``result`` is :func:`controlled.evaluate_model`'s (``tv[K, n]``, errors)."""
     tv = result["tv"]
-    ratio = ctl.eps_ratios(result["errors"])["prev_avg/next_avg"]
-    s = ctl.summarise_tv(tv[None], seed=seed)
+    ratio = eps_ratios(result["errors"])["prev_avg/next_avg"]
+    s = summarise_tv(tv[None], seed=seed)
     entry = {"q": q, "seed": seed, "ratio": ratio, "tv": {"0": s["tv_by_iters"]["0"], "1": s["tv_by_iters"]["1"]},
              "tv_ci95": {"0": s["k"]["0"]["ci95"], "1": s["k"]["1"]["ci95"]},
              "diff_ci95": s["diff_ci95"], "tv1_over_tv0": s["tv_by_iters"]["1"] / s["tv_by_iters"]["0"],
@@ -149,7 +152,7 @@ def pooled_by_q(arms: Sequence[dict], tvs: dict) -> list[dict]:
     out = []
     for q in dict.fromkeys(a["q"] for a in arms):
         tv = np.stack(tvs[q])  # [S, K, n]
-        s = ctl.summarise_tv(tv, seed=7)
+        s = summarise_tv(tv, seed=7)
         rows = [a for a in arms if a["q"] == q]
         diffs = [a["tv"]["1"] - a["tv"]["0"] for a in rows]
         out.append({"q": q, "seeds": [a["seed"] for a in rows], "ratio_mean": float(np.mean([a["ratio"] for a in rows])),
@@ -186,7 +189,7 @@ def practical(tvs: dict, ntp_q=None) -> dict:
     best = min(tv1, key=lambda q: tv1[q].mean())
     s = min(len(ntp0), len(tv1[best]))
     diff = tv1[best][:s] - ntp0[:s]
-    ci = ctl.bootstrap_ci(diff, seed=11)
+    ci = bootstrap_ci(diff, seed=11)
     return {"best_q": best, "best_rpt_tv1": float(tv1[best].mean()), "ntp_arm_tv0": float(ntp0.mean()),
             "diff": float(diff.mean()), "diff_ci95": ci, "rpt_beats_ntp_arm": bool(ci[1] < 0)}
 
@@ -207,7 +210,7 @@ def _verdict(rpt_arms: Sequence[dict], cross: dict, rho: float | None) -> dict:
 
 
 # ---- the sweep's evaluation and plot -------------------------------------------------------------------
-def evaluate_arms(design: ctl.Design, truth: ctl.Truth, runs: Sequence[tuple], cross: dict,
+def evaluate_arms(design: Design, truth: ctl.Truth, runs: Sequence[tuple], cross: dict,
                   load=None) -> dict:
     """``runs``: ``(q, seed, checkpoint)`` per trained model (q None: the pure-NTP arm). Each model's
     exact TV_0 / TV_1 and r against the truth, its shrunk-error curve, then :func:`summarise`."""
@@ -412,7 +415,7 @@ class ThreeLevel:
         marg, nxt = noise((repeats * b, na), -1), noise((repeats * b, na, nb), -1)
         prv = noise((repeats * b, na, nb), 1)  # column b: a law of a
         self.noise = wc.WindowConditionals([marg, nxt], [prv, nxt])
-        unit = ctl.sec3_errors(self.noise, self.truth)  # e = 1: every table pure noise
+        unit = sec3_errors(self.noise, self.truth)  # e = 1: every table pure noise
         self.unit = {"m": float(unit["eps_marginal"].mean()), "c": float(unit["eps_next_avg"].mean()),
                      "p": float(unit["eps_prev_avg"].mean())}
 
