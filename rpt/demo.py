@@ -42,10 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpt.config import load_config
-from rpt.metrics import read_metrics
 from rpt.report import markdown_table, write_json
 from rpt.studies.seeds import seed_study
+from rpt.training.config import load_config
+from rpt.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 

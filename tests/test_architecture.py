@@ -160,5 +160,5 @@ def test_every_late_import_says_why():
 def test_late_import_finder_on_a_hand_made_file(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import rpt.model\n\ndef f():\n    from rpt.data import x  # late: torch\n    import json\n"
-                 "\n\ndef g():\n    def h():\n        import rpt.lora\n    return h\n")
-    assert late_rpt_imports(f) == [(4, "    from rpt.data import x  # late: torch"), (10, "        import rpt.lora")]
+                 "\n\ndef g():\n    def h():\n        import rpt.model.lora\n    return h\n")
+    assert late_rpt_imports(f) == [(4, "    from rpt.data import x  # late: torch"), (10, "        import rpt.model.lora")]

@@ -3,7 +3,7 @@ on the common path.
 
 The algorithm is :func:`rpt.sampling.algorithm.decode_row` (read that first); the uncached reference
 (:mod:`rpt.sampling.reference`) drives the same statement. This driver answers the requests of all
-rows with one call of :class:`~rpt.queries.ModelQueries` per round, in a few pure steps: plan the
+rows with one call of :class:`~rpt.model_call.queries.ModelQueries` per round, in a few pure steps: plan the
 call, build its inputs, call the model, propose, hand the answers back.
 
 **Layout.** The prompts are left-padded to width ``W``; every row's position p sits at column
@@ -47,9 +47,9 @@ from typing import NamedTuple
 
 import torch
 
-from rpt.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
-from rpt.kv_cache import sliding_window_of
-from rpt.queries import ModelQueries, batch_bucket, capacity_bucket, implementation_of
+from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
+from rpt.model_call.kv_cache import sliding_window_of
+from rpt.model_call.queries import ModelQueries, batch_bucket, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Plan, Program, Request, Row, decode_row
 from rpt.sampling.common_step import common_step
@@ -249,7 +249,7 @@ class Decoder:
     def _buffers(self, model, capacity: int, batch: int) -> DecodeBuffers:
         """The model queries (KV cache) and decode state: a compiled decode borrows them from the pool of
         its bucket (:mod:`rpt.sampling.decode_buffers`, given back by :meth:`close`) -- capacity and batch
-        bucketed (:func:`~rpt.queries.batch_bucket`), so that an evaluation meets a bounded set of shapes;
+        bucketed (:func:`~rpt.model_call.queries.batch_bucket`), so that an evaluation meets a bounded set of shapes;
         an eager one allocates its own (exactly ``capacity`` columns and ``batch`` rows), freed with this
         decoder."""
         draws, eos = ntp_draws(self.config), len(self.config.eos_token_ids)
@@ -611,7 +611,7 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
     """
     # nothing of the model is switched for the decode (two threads may decode with it at once): the offset
-    # rows' range check is skipped per call (rpt.queries), the attention switch is shared (rpt.shared_switch)
+    # rows' range check is skipped per call (rpt.model_call.queries), the attention switch is shared (rpt.shared_switch)
     with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
         start = time.perf_counter()
         inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
@@ -629,7 +629,7 @@ def _run(decoder: Decoder) -> GenerateOutput:
 
 def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
             compile: bool | str | Callable) -> GenerateOutput:
-    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.compile_guard`)
+    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.model_call.compile_guard`)
     is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
     strict mode the failure is raised)."""
     if not compile:

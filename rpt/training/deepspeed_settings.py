@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpt.config import ConfigError, TrainConfig
+from rpt.training.config import ConfigError, TrainConfig
 
 
 def wanted(cfg: TrainConfig, world_size: int) -> dict[str, tuple[Any, str]]:

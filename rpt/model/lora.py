@@ -28,9 +28,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
-from rpt.checkpointing import CheckpointError, clear_dir, commit_dir, temp_dir_for
-from rpt.faithful import module_key
-from rpt.model import (
+from rpt.checkpoint.directories import CheckpointError, clear_dir, commit_dir, temp_dir_for
+from rpt.checkpoint.faithful import module_key
+from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.model.wrapper import (
     RPT_CONFIG_NAME,
     RPT_FORMAT_VERSION,
     RPTForCausalLM,
@@ -39,7 +40,6 @@ from rpt.model import (
     register_checkpoint_loader,
     save_table,
 )
-from rpt.model_ref import ModelRefError, resolve_model_ref
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -181,7 +181,7 @@ def save_lora_checkpoint(model, path: str, section: dict[str, Any], base: str | 
 
 
 def load_lora(path: str, rpt_config, window: int | None = None, **hf_kwargs):
-    """An adapter directory (``rpt_config``: its checked :class:`~rpt.rpt_config.RPTConfig`) as an
+    """An adapter directory (``rpt_config``: its checked :class:`~rpt.checkpoint.rpt_config.RPTConfig`) as an
     :class:`~rpt.model.RPTForCausalLM` with the adapter merged in, once its base is checked to be
     the one it was trained on."""
     try:

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from rpt.objective import IGNORE_INDEX
+from rpt.model.objective import IGNORE_INDEX
 
 # The narrowest vocabulary slice a tile takes before the tokens are split instead: a GEMM this wide
 # still runs near the tensor cores' peak, a narrower one would not.

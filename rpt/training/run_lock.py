@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any
 
-from rpt.config import ConfigError
+from rpt.training.config import ConfigError
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_S = 30.0
@@ -131,7 +131,7 @@ def _create(path: str, tmp: str, record: dict[str, Any]) -> None:
 
 
 def take_run_lock(output_dir: str, force: bool | None = None) -> None:
-    """Hold ``<output_dir>/run.lock`` for this process, or a :class:`~rpt.config.ConfigError` naming
+    """Hold ``<output_dir>/run.lock`` for this process, or a :class:`~rpt.training.config.ConfigError` naming
     the trainer that holds it. ``force`` (default: ``RPT_BREAK_RUN_LOCK=1``) takes it regardless."""
     path = os.path.abspath(os.path.join(output_dir, LOCK_NAME))
     force = os.environ.get(BREAK_ENV, "") not in ("", "0") if force is None else force

@@ -1,8 +1,8 @@
 """Where a run starts: the checkpoint to resume (verified and checked against the config) or none.
 
 Decided before the data, the model or the optimizer is built, so a refused resume costs nothing
-and writes nothing. The main process first takes the output directory's lock (:mod:`rpt.run_lock`)
-and checks the run's own files (:mod:`rpt.run_files`). Every process reaches the same decision:
+and writes nothing. The main process first takes the output directory's lock (:mod:`rpt.training.run_lock`)
+and checks the run's own files (:mod:`rpt.training.run_files`). Every process reaches the same decision:
 the manifest is verified by the main process (hashing a large checkpoint once, not once per rank)
 and its verdict broadcast, so no rank loads a checkpoint another refused (a rank left alone in a
 collective would hang).
@@ -14,11 +14,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpt.checkpointing import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
-from rpt.config import ConfigError, TrainConfig
-from rpt.run_files import check_run_files
-from rpt.run_lock import take_run_lock
-from rpt.run_record import check_fresh_start, check_resume, check_split_change
+from rpt.checkpoint.directories import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
+from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.run_files import check_run_files
+from rpt.training.run_lock import take_run_lock
+from rpt.training.run_record import check_fresh_start, check_resume, check_split_change
 
 
 @dataclass
@@ -55,7 +55,7 @@ def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
     verdict: list[Any] = [None]
     if accelerator.is_main_process:
         try:
-            take_run_lock(cfg.output_dir)  # one trainer per output_dir (rpt.run_lock), before any file is read
+            take_run_lock(cfg.output_dir)  # one trainer per output_dir (rpt.training.run_lock), before any file is read
             for note in check_run_files(cfg.output_dir):
                 print(note, flush=True)
             verdict[0] = ("ok", _verify(path, deepspeed)) if path else ("ok", False)

@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 from rpt.append_log import LogLines, check_increasing, read_log
-from rpt.config import TrainConfig
-from rpt.metrics import read_metrics
-from rpt.run_record import read_segments
+from rpt.training.config import TrainConfig
+from rpt.training.metrics import read_metrics
+from rpt.training.run_record import read_segments
 
 
 def fit_warmup(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
@@ -141,7 +141,7 @@ class RunLog:
         """Drop the lines of steps after ``step`` (a killed run logged past its checkpoint), and make
         the rest agree with ``metrics.jsonl`` (already cut back to ``step``), one line per row: a line
         lost to a kill between the two writes is written again from its row, a line without a row goes."""
-        log = read_train_log(self.path)  # a torn last line is dropped here (rpt.run_files said so at start-up)
+        log = read_train_log(self.path)  # a torn last line is dropped here (rpt.training.run_files said so at start-up)
         kept = {s: text for s, text in log.items if s <= step}
         metrics = os.path.join(os.path.dirname(self.path), "metrics.jsonl")
         if os.path.exists(metrics):  # without it there is nothing to agree with: the lines are kept

@@ -2,7 +2,7 @@
 
 Compiling the blocks, not the whole model, keeps what varies from step to step outside the
 graph: the embedding of the permuted tokens, their offsets, the rotary tables built from the
-step's ``position_ids``, the causal-mask decision, and the tiled loss head (:mod:`rpt.loss`,
+step's ``position_ids``, the causal-mask decision, and the tiled loss head (:mod:`rpt.model.loss`,
 whose Python loop over vocabulary blocks a graph would unroll). Each block then sees the same
 shapes every step -- the objective's permutations arrive as data (hidden states and rotary
 tables), never as shapes -- so the blocks compile once. Every block of a model shares one graph

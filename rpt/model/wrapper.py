@@ -3,14 +3,14 @@
 The wrapper adds one ``nn.Embedding(w + 1, hidden)`` (``offset_embedding``) to the token
 embeddings and feeds ``position_ids = sigma - 1`` to the base model (RoPE models rotate by them,
 GPT-2 style models look them up), so one network computes the NTP conditional and every PTP-l
-conditional of the permuted-window objective (see :mod:`rpt.objective`).
+conditional of the permuted-window objective (see :mod:`rpt.model.objective`).
 
 The table is **zero-initialised**, so a freshly wrapped model computes exactly the base model's
 logits: fine-tuning starts from the pretrained NTP model, as in the paper.
 
 A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus ``rpt_config.json``
 and the offset table in ``rpt_table/offset_embedding.safetensors``. Its base weights hold the
-table's NTP row folded into the input embedding (format version 2, :mod:`rpt.faithful`), so
+table's NTP row folded into the input embedding (format version 2, :mod:`rpt.checkpoint.faithful`), so
 ``AutoModelForCausalLM`` -- and vLLM -- loads exactly the trained model's next-token predictor;
 version-1 checkpoints (unfolded) still load here.
 
@@ -35,13 +35,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from rpt.checkpointing import CheckpointError, unpickling_detail
-from rpt.custom_generate import write_custom_generate
-from rpt.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
-from rpt.loss import linear_cross_entropy, plan_blocks
-from rpt.no_padding_mask import no_padding_mask
-from rpt.objective import IGNORE_INDEX
-from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
+from rpt.checkpoint.custom_generate import write_custom_generate
+from rpt.checkpoint.directories import CheckpointError, unpickling_detail
+from rpt.checkpoint.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
+from rpt.checkpoint.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
     LEGACY_TABLE_NAME,
     RPT_CONFIG_NAME,
     RPT_TABLE_NAME,
@@ -54,6 +51,9 @@ from rpt.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format'
     read_rpt_config,
     table_path,
 )
+from rpt.model.loss import linear_cross_entropy, plan_blocks
+from rpt.model.no_padding_mask import no_padding_mask
+from rpt.model.objective import IGNORE_INDEX
 
 RPT_FORMAT_VERSION = FORMAT_FOLDED
 
@@ -76,7 +76,7 @@ def load_causal_lm(path_or_id: str, **hf_kwargs) -> PreTrainedModel:
 # this one), by the rpt_config.json section that marks the kind -> the module that registers the
 # loader when imported (register_checkpoint_loader). Named, not imported, as transformers' auto
 # classes name a model type's module: a static import here would be an import cycle.
-CHECKPOINT_LOADER_MODULES = {"lora": "rpt.lora"}
+CHECKPOINT_LOADER_MODULES = {"lora": "rpt.model.lora"}
 _checkpoint_loaders: dict[str, Callable[..., RPTForCausalLM]] = {}
 
 
@@ -195,15 +195,15 @@ class RPTForCausalLM(nn.Module):
         ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
         ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
         smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
-        checkpoint (:mod:`rpt.lora`) loads with its adapter merged into the base weights. A model
-        saved untied because it was tied (:mod:`rpt.faithful`) is tied again unless ``retie=False``.
+        checkpoint (:mod:`rpt.model.lora`) loads with its adapter merged into the base weights. A model
+        saved untied because it was tied (:mod:`rpt.checkpoint.faithful`) is tied again unless ``retie=False``.
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
         rpt_config = read_rpt_config(path_or_id, **lookup)  # checked before any weight is read
         if rpt_config is not None and window is not None:
             check_window_covers(rpt_config.window, window, path_or_id, name="window")
-        if rpt_config is not None and rpt_config.lora is not None:  # an adapter directory (rpt.lora): merged for inference
+        if rpt_config is not None and rpt_config.lora is not None:  # an adapter directory (rpt.model.lora): merged for inference
             model = checkpoint_loader("lora")(path_or_id, rpt_config, window, **hf_kwargs)
             model.merged_from_lora = True
             return model
@@ -251,7 +251,7 @@ class RPTForCausalLM(nn.Module):
         return model
 
     def save_pretrained(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **hf_kwargs) -> None:
-        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.faithful`) plus the
+        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.checkpoint.faithful`) plus the
         relative offset table and ``rpt_config.json``. The in-memory model is not changed.
 
         ``state_dict`` (keys as in ``self.state_dict()``) lets a sharded run (DeepSpeed ZeRO-3)
@@ -330,7 +330,7 @@ class RPTForCausalLM(nn.Module):
             if lo < 0 or hi > self.window:
                 raise ValueError(
                     f"offset_ids must index the {self.window + 1}-row offset table (0..{self.window}); got values in "
-                    f"[{lo}, {hi}]. Build them with rpt.objective.offset_to_row(tau - sigma, window)"
+                    f"[{lo}, {hi}]. Build them with rpt.model.objective.offset_to_row(tau - sigma, window)"
                 )
         return embeds + self.offset_embedding(offset_ids).to(embeds.dtype)
 
@@ -349,7 +349,7 @@ class RPTForCausalLM(nn.Module):
     ) -> RPTOutput:
         """Logits for every fed token; with ``labels`` (already aligned: ``labels[i] = x[tau_i]``,
         no shift) instead the eq. 13 loss and its NTP / PTP-l split by ``kinds`` (and no logits:
-        the loss never holds them for the whole batch, see :mod:`rpt.loss`).
+        the loss never holds them for the whole batch, see :mod:`rpt.model.loss`).
 
         Without ``position_ids`` / ``offset_ids`` this is plain next-token prediction. ``check_offsets=False``
         skips the host read that checks ``offset_ids`` (training: the objective built them in range).
@@ -358,7 +358,7 @@ class RPTForCausalLM(nn.Module):
         if position_ids is not None and attention_mask is None and past_key_values is None:
             # transformers reads non-consecutive position_ids without a mask as packed documents
             # and would cut the sequence at every swap; an explicit all-ones mask keeps it causal,
-            # marked as such so that transformers drops it without reading the device (rpt.no_padding_mask).
+            # marked as such so that transformers drops it without reading the device (rpt.model.no_padding_mask).
             attention_mask = no_padding_mask(input_ids.shape, input_ids.device)
         model_inputs = dict(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
                             past_key_values=past_key_values, use_cache=use_cache, **kwargs)
@@ -366,7 +366,7 @@ class RPTForCausalLM(nn.Module):
             out = self.lm(**model_inputs)
             return _output(out, logits=out.logits)
         # With labels: the body's hidden states, then the head and the cross-entropy a tile of
-        # logits at a time (rpt.loss), so no [batch, seq, vocab] float32 tensor ever exists.
+        # logits at a time (rpt.model.loss), so no [batch, seq, vocab] float32 tensor ever exists.
         out = self.lm.base_model(**model_inputs)
         hidden = out.last_hidden_state
         head = self.lm.get_output_embeddings()

@@ -6,7 +6,7 @@ train split, ``hiden_size: 64`` building the model type's default shape).
 * ``tokenizer: {train_bpe: {...}}``;
 * ``model: {model_type: ..., ...}``: the attributes of that model type's ``transformers`` config
   class (its ``__init__`` arguments, its defaults, its attribute aliases);
-* ``lora: {r, alpha, dropout, target_modules}``: :func:`check_lora_section` (the section :mod:`rpt.lora` reads).
+* ``lora: {r, alpha, dropout, target_modules}``: :func:`check_lora_section` (the section :mod:`rpt.model.lora` reads).
 """
 
 from __future__ import annotations

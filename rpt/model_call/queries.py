@@ -3,10 +3,10 @@ r"""``ModelQueries``: logits of query tokens against a position-addressed KV cac
 The one primitive beside :class:`~rpt.model.RPTForCausalLM` that the RPT decoder, the error
 analysis and the decode benchmark use. A call feeds, per row, query tokens with their positions
 and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache columns
-(:class:`~rpt.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
-:class:`~rpt.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.visibility`).
+(:class:`~rpt.model_call.kv_cache.PositionKVCache`) and returns logits. What each query may see is a
+:class:`~rpt.model_call.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.model_call.visibility`).
 
-**The model call.** A Llama-shaped model (:mod:`rpt.decode_model`) runs the decode's own call: fused
+**The model call.** A Llama-shaped model (:mod:`rpt.model_call.decode_model`) runs the decode's own call: fused
 QKV and gate/up projections whose weights the model's parameters are views of, attention on the
 cache's KV heads without copies, and the visibility rule evaluated inside flex attention's kernel in
 compiled CUDA calls (a boolean mask for sdpa elsewhere); the eager and compiled decodes run that one
@@ -30,18 +30,18 @@ from collections.abc import Iterator
 
 import torch
 
-from rpt.compile_guard import dynamo_patch, guarded
-from rpt.decode_model import DecodeModel
-from rpt.kv_cache import PositionKVCache, sliding_window_of
+from rpt.model_call.compile_guard import dynamo_patch, guarded
+from rpt.model_call.decode_model import DecodeModel
+from rpt.model_call.kv_cache import PositionKVCache, sliding_window_of
+from rpt.model_call.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 from rpt.shared_switch import switched
-from rpt.visibility import Visibility, visibility_mask  # noqa: F401  (Visibility: re-exported, the calls' type)
 
 EXACT_IMPLEMENTATIONS = ("sdpa", "eager")
 STEP_QUERIES = 8  # the most queries a decode step's call pads without a host check (the last 7 columns are free)
 # dynamo's recompile limit for the compiled model call: 7 capacity buckets (64 .. 4096) x the query buckets
 # a run meets (4 of a step, a few of its prefills) x the batch buckets it meets (an evaluation's batch and its
 # last ones). Past it (every batch bucket at every capacity) the graph too many is a compile failure: that
-# decode runs eagerly, warned (rpt.compile_guard); dynamo's own cap of 256 graphs a function stays above it
+# decode runs eagerly, warned (rpt.model_call.compile_guard); dynamo's own cap of 256 graphs a function stays above it
 COMPILED_GRAPHS = 192
 
 

@@ -1,6 +1,6 @@
 """Checks run before any work: output paths, trackers and model references of a run.
 
-Each problem is one :class:`~rpt.config.ConfigError` (``error: ...``, exit 2) naming the key or
+Each problem is one :class:`~rpt.training.config.ConfigError` (``error: ...``, exit 2) naming the key or
 flag and the fix -- raised before a tokenizer is trained, a model loaded or a token generated,
 so a bad path never costs a run and nothing is left half-written.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from rpt.config import ConfigError, TrainConfig
-from rpt.model_ref import ModelRefError, resolve_model_ref
+from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.training.config import ConfigError, TrainConfig
 
 
 def _nearest_existing(path: str) -> str:

@@ -19,7 +19,12 @@ from typing import Any
 import yaml
 
 from rpt.config_errors import ConfigError
-from rpt.config_keys import check_lora_section, check_model_keys, check_source_keys, check_tokenizer_keys
+from rpt.training.config_keys import (
+    check_lora_section,
+    check_model_keys,
+    check_source_keys,
+    check_tokenizer_keys,
+)
 
 
 def report_input_error(exc: Exception) -> int:
@@ -56,7 +61,7 @@ class TrainConfig:
     # sequences per optimizer step over all processes; with it the accumulation follows from the
     # micro-batch and the process count (None: micro_batch_size x grad_accum x processes)
     global_batch_size: int | None = None
-    micro_batch_size: int | str = 8  # sequences per forward; "auto": the largest the device holds (rpt/micro_batch.py)
+    micro_batch_size: int | str = 8  # sequences per forward; "auto": the largest the device holds (rpt/training/micro_batch.py)
     grad_accum: int | None = None  # None: global_batch_size / (micro_batch_size x processes), or 1 without it
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
@@ -77,11 +82,11 @@ class TrainConfig:
     loss_chunk_mb: int = 32  # the loss computes float32 logits for this many MB of them at a time
     peak_tflops: float | None = None  # per-device peak for the MFU estimate (None: known GPUs only)
     gradient_checkpointing: bool = False
-    # torch.compile each transformer block (rpt/compiled_blocks.py); evaluation stays eager
+    # torch.compile each transformer block (rpt/training/compiled_blocks.py); evaluation stays eager
     compile: bool = False
     compile_backend: str = "inductor"  # inductor | aot_eager (traces fwd + bwd, no code generation) | eager
     # LoRA: {r, alpha, dropout, target_modules} (PEFT LoraConfig fields); the offset table trains in
-    # full beside the adapter, final/ is a PEFT adapter directory plus the table (rpt/lora.py)
+    # full beside the adapter, final/ is a PEFT adapter directory plus the table (rpt/model/lora.py)
     lora: Any = None
     attn_implementation: str | None = None  # sdpa | eager | flash_attention_2 | None (HF default)
     output_dir: str = "runs/default"
@@ -277,7 +282,9 @@ def validate(cfg: TrainConfig) -> None:
         # not 0, 1, 2, ... as packed sequences (_is_packed_sequence): a swap would cut attention.
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
-    from rpt.rpt_config import MAX_WINDOW  # late: rpt.rpt_config imports torch (through rpt.faithful)
+    from rpt.checkpoint.rpt_config import (
+        MAX_WINDOW,  # late: rpt.checkpoint.rpt_config imports torch (through rpt.checkpoint.faithful)
+    )
 
     if not 2 <= cfg.window <= MAX_WINDOW:
         raise bad("window", f"use an integer in [2, {MAX_WINDOW}] (the paper uses 3)")
@@ -314,7 +321,7 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def check_batch_keys(cfg: TrainConfig) -> None:
-    """The batch keys agree as far as they can without the process count (``rpt.micro_batch`` checks the rest)."""
+    """The batch keys agree as far as they can without the process count (``rpt.training.micro_batch`` checks the rest)."""
     def bad(key: str, fix: str) -> ConfigError:
         return ConfigError(f"config key {key!r} = {getattr(cfg, key)!r} is invalid: {fix}")
 

@@ -7,7 +7,7 @@ waiting for the host). On the CPU, where nothing is launched, it is each operati
 
 A kernel's category is read from the operation that launched it and the ranges around that one, the
 first that applies: inside ``Optimizer.step`` / ``zero_grad`` -> optimizer; inside the tiled loss
-(``rpt.loss.LinearCrossEntropy``, forward and backward) -> loss head, its matrix products included;
+(``rpt.model.loss.LinearCrossEntropy``, forward and backward) -> loss head, its matrix products included;
 an attention operation -> attention; a matrix product -> gemm; anything else (norms, activations,
 rotary, residual adds, copies, inductor's fused kernels) -> elementwise & other.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 CATEGORIES = ("gemm", "attention", "loss head", "optimizer", "elementwise & other")
-LOSS_HEAD = "LinearCrossEntropy"  # rpt.loss's autograd Function: its forward and backward ranges
+LOSS_HEAD = "LinearCrossEntropy"  # rpt.model.loss's autograd Function: its forward and backward ranges
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::addmm_",
             "aten::_addmm_activation"}
 GEMM_KERNELS = ("gemm", "cutlass", "xmma", "nvjet", "cublas", "wgmma")

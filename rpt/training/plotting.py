@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rpt.metrics import read_metrics
+from rpt.training.metrics import read_metrics
 
 
 def plot_loss_curves(metrics_path: str, out_png: str, title: str | None = None) -> str | None:

@@ -5,7 +5,7 @@ writes the KV of its query tokens at the columns it names (``index_copy_`` along
 axis, the same columns for every row) and attends over the first ``kv_len`` columns. Nothing is
 appended, cropped or rolled back: a token that changes is fed again at its column and simply
 overwrites the old KV; what a query may see is the attention mask's business
-(:mod:`rpt.queries`), so stale or scratch columns cost nothing but being masked.
+(:mod:`rpt.model_call.queries`), so stale or scratch columns cost nothing but being masked.
 
 It speaks the Hugging Face ``Cache`` protocol that attention layers use (``update(key, value,
 layer_idx)``), so any model whose layers call ``past_key_values.update`` can run on it.
@@ -34,7 +34,7 @@ class PositionLayer(CacheLayerMixin):
 
     def allocate(self, batch: int, heads: int, k_dim: int, v_dim: int, dtype: torch.dtype, device) -> None:
         """Zeroed K and V ``[batch, heads, capacity, dim]``: at a first call's shapes, or before it (the fused
-        decode call knows them, :mod:`rpt.decode_model`)."""
+        decode call knows them, :mod:`rpt.model_call.decode_model`)."""
         shape = (batch, heads, self.owner.capacity)
         self.keys = torch.zeros(*shape, k_dim, dtype=dtype, device=device)
         self.values = torch.zeros(*shape, v_dim, dtype=dtype, device=device)

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpt.checkpointing import CheckpointError
-from rpt.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED
+from rpt.checkpoint.directories import CheckpointError
+from rpt.checkpoint.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED
 
 RPT_CONFIG_NAME = "rpt_config.json"
 # Not a top-level *.safetensors: weight loaders that glob the directory would read it as model weights.
@@ -46,7 +46,7 @@ class RPTConfig:
     format_version: int = FORMAT_UNFOLDED
     untied_embeddings: bool = False
     objective: str | None = None  # None: written before checkpoints recorded their objective
-    lora: dict[str, Any] | None = None  # an adapter directory (rpt.lora)
+    lora: dict[str, Any] | None = None  # an adapter directory (rpt.model.lora)
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 
-from rpt.checkpointing import CHECKPOINT_RE
-from rpt.config import ConfigError
-from rpt.metrics import read_metrics_log
-from rpt.run_log import read_train_log
-from rpt.run_record import CONFIG_RECORD, read_config_record, read_segments_log
+from rpt.checkpoint.directories import CHECKPOINT_RE
+from rpt.training.config import ConfigError
+from rpt.training.metrics import read_metrics_log
+from rpt.training.run_log import read_train_log
+from rpt.training.run_record import CONFIG_RECORD, read_config_record, read_segments_log
 
-# Written by a run as plain files (rpt.training, rpt.run_log, rpt.run_record, rpt.plotting).
+# Written by a run as plain files (rpt.training, rpt.training.run_log, rpt.training.run_record, rpt.training.plotting).
 RECORD_FILES = (CONFIG_RECORD, "segments.jsonl", "metrics.jsonl", "train.log", "run_summary.txt",
                 "eval_batches.json", "replicas.json", "loss_curves.png")
 

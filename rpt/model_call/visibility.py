@@ -1,7 +1,7 @@
 r"""What a query of a decode call may attend to (eq. 4's masks), stated once as a predicate.
 
 A :class:`Visibility` gives each query two column ranges of the position-addressed cache
-(:class:`~rpt.kv_cache.PositionKVCache`):
+(:class:`~rpt.model_call.kv_cache.PositionKVCache`):
 
 * the **sequence** columns ``start[b] .. limit[b, q]`` (a row's left padding lies before ``start``; an
   NTP query at column c has ``limit = c``, a PTP chain predicting ``x_j`` has ``limit = j - 1``: it must
@@ -12,7 +12,7 @@ A :class:`Visibility` gives each query two column ranges of the position-address
 
 :func:`visible` is that rule on index tensors; the same function builds the boolean mask of an eager call
 (:func:`visibility_mask`, broadcast index grids) and is flex attention's ``score_mod`` inside a compiled
-one (:mod:`rpt.decode_model`, scalar indices), so the two kernels cannot disagree on what a query sees.
+one (:mod:`rpt.model_call.decode_model`, scalar indices), so the two kernels cannot disagree on what a query sees.
 """
 
 from __future__ import annotations

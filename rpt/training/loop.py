@@ -1,7 +1,7 @@
 """The training loop on ``accelerate``: one CPU, one GPU, DDP, or DeepSpeed ZeRO-2/3.
 
 Each optimiser step consumes one *global batch* of ``micro_batch_size x grad_accum x world``
-packed chunks (:mod:`rpt.micro_batch` splits a ``global_batch_size``). With a token store (every
+packed chunks (:mod:`rpt.training.micro_batch` splits a ``global_batch_size``). With a token store (every
 non-streamed source) sample ``i`` of the run is a pure function of the seed (:mod:`rpt.data.packed`),
 and the permutation of sequence ``k`` of the global batch of step ``t`` comes from a generator seeded
 with ``(seed, t, k)``: a run resumed from ``checkpoint-<t>`` sees exactly the data and permutations
@@ -25,7 +25,7 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from rpt.checkpointing import (
+from rpt.checkpoint.directories import (
     LEGACY_SCHEDULER_STATE,
     CheckpointError,
     check_plain_files,
@@ -41,21 +41,21 @@ from rpt.checkpointing import (
     write_json_atomic,
     write_manifest,
 )
-from rpt.compiled_blocks import compile_blocks, eager_blocks, transformer_blocks
-from rpt.config import ConfigError, TrainConfig
+from rpt.checkpoint.rpt_config import read_rpt_config
 from rpt.data import build_packed, build_tokenizer
-from rpt.deepspeed_settings import apply_run_config, check_deepspeed_batch, engine_precision
-from rpt.lora import add_lora, parameter_line, save_lora_checkpoint
-from rpt.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
-from rpt.micro_batch import Split, check_split
-from rpt.micro_batch import choose as choose_micro_batch
 from rpt.model import RPTForCausalLM
-from rpt.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
-from rpt.plotting import plot_loss_curves
-from rpt.resume import Start, check_same_data, plan_start
-from rpt.rpt_config import read_rpt_config
-from rpt.run_log import RunLog, fit_warmup, step_line, summary_lines
-from rpt.run_record import append_segment, copy_segments, write_config_record
+from rpt.model.lora import add_lora, parameter_line, save_lora_checkpoint
+from rpt.model.objective import IGNORE_INDEX, RPTBatch, make_rpt_batch, ntp_batch
+from rpt.training.compiled_blocks import compile_blocks, eager_blocks, transformer_blocks
+from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.deepspeed_settings import apply_run_config, check_deepspeed_batch, engine_precision
+from rpt.training.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
+from rpt.training.micro_batch import Split, check_split
+from rpt.training.micro_batch import choose as choose_micro_batch
+from rpt.training.plotting import plot_loss_curves
+from rpt.training.resume import Start, check_same_data, plan_start
+from rpt.training.run_log import RunLog, fit_warmup, step_line, summary_lines
+from rpt.training.run_record import append_segment, copy_segments, write_config_record
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -171,7 +171,7 @@ def forward(model, batch: RPTBatch):
     return model(
         batch.input_ids, position_ids=batch.position_ids, offset_ids=batch.offset_ids,
         labels=batch.labels, kinds=batch.kinds, use_cache=False,
-        check_offsets=False,  # rpt.objective built them in range; the check would read the device every forward
+        check_offsets=False,  # rpt.model.objective built them in range; the check would read the device every forward
     )
 
 
@@ -243,7 +243,7 @@ def split_record(split: Split, draws: str) -> dict[str, Any]:
 
 def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autocast=contextlib.nullcontext) -> None:
     """A forward and backward of ``micro`` random sequences as a training step runs them (the
-    micro-batch search's probe, rpt.micro_batch), on the bare model (before ``prepare``) on ``device``
+    micro-batch search's probe, rpt.training.micro_batch), on the bare model (before ``prepare``) on ``device``
     under ``autocast()``: it leaves no gradient and no trace in the random streams, and compiles nothing
     (the blocks run eagerly; a compiled block takes less memory, not more)."""
     model.to(device)
@@ -258,7 +258,7 @@ def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autoca
 
 
 def choose_split(cfg: TrainConfig, model, accelerator, deepspeed: bool) -> Split:
-    """The run's micro-batch and accumulation (rpt.micro_batch), the same on every rank."""
+    """The run's micro-batch and accumulation (rpt.training.micro_batch), the same on every rank."""
     def reduce_min(micro: int) -> int:
         return -int(accelerator.reduce(torch.tensor(-micro, device=accelerator.device), "max"))
 
@@ -332,7 +332,7 @@ def evaluate(model, cfg: TrainConfig, val, accelerator, micro: int | None = None
 
 
 def peak_memory_all_ranks(accelerator) -> float:
-    """The largest peak memory (MB) of any rank since the previous call (rpt.metrics)."""
+    """The largest peak memory (MB) of any rank since the previous call (rpt.training.metrics)."""
     mine = torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device)
     return float(accelerator.reduce(mine, "max"))
 
@@ -380,7 +380,7 @@ def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) ->
     if zero_stage(accelerator) == 3:
         import deepspeed
 
-        # The loss reads the output head's weight outside the head's forward (rpt.loss): ZeRO-3
+        # The loss reads the output head's weight outside the head's forward (rpt.model.loss): ZeRO-3
         # must gather it for the whole model's forward and backward.
         for p in model.lm.get_output_embeddings().parameters():
             deepspeed.zero.register_external_parameter(model, p)
@@ -413,7 +413,7 @@ def make_accelerator(cfg: TrainConfig):
         # told it runs on the CPU; with cpu=False each torchrun worker would train alone.
         cpu=not torch.accelerator.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false") != "true",
         mixed_precision=PRECISION[cfg.precision],
-        gradient_accumulation_steps=1,  # set to the split's once it is chosen (rpt.micro_batch)
+        gradient_accumulation_steps=1,  # set to the split's once it is chosen (rpt.training.micro_batch)
         log_with=None if cfg.report_to == "none" else cfg.report_to,
         project_dir=cfg.output_dir,
     )
@@ -435,7 +435,7 @@ def load_accelerator_state(accelerator, path: str) -> None:
 
 def resume(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog) -> tuple[int, int]:
     """Load the checkpoint ``start`` names (already verified and checked against the config by
-    :func:`rpt.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
+    :func:`rpt.training.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
     ``(0, 0)``: no checkpoint)."""
     path, state = start.checkpoint, start.state
     if not path:
@@ -570,7 +570,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     configure_deepspeed(accelerator, steps_cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
-    # step it once per process); checkpointed as JSON (rpt.checkpointing), never as a pickle.
+    # step it once per process); checkpointed as JSON (rpt.checkpoint.directories), never as a pickle.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     ran = trained_precision(accelerator, model)
     if ran != cfg.precision:
@@ -593,7 +593,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                                   start_position=start_position, warmup_note=warmup_note, split_note=split.line()))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
-    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.run_record)
+    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_record)
         write_config_record(cfg)
         append_segment(cfg, start_step, start.changed, start.checkpoint, split=split_record(split, draws))
 

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 from rpt.append_log import LogLines, json_object, read_log, read_text_file
-from rpt.checkpointing import checkpoint_dirs, write_json_atomic
-from rpt.config import ConfigError, TrainConfig, yaml_error_text
+from rpt.checkpoint.directories import checkpoint_dirs, write_json_atomic
+from rpt.training.config import ConfigError, TrainConfig, yaml_error_text
 
 # Keys a resume may change: how long to train (upwards) and how often to log, evaluate and save.
 # Plus how a step is executed, not what it computes: an OOM on resume is met by turning gradient

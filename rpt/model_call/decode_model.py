@@ -3,10 +3,10 @@ r"""The decode's model call for Llama-shaped models, as the fast decoders build 
 tensor where the kernel can take the rule instead.
 
 Per layer four weight GEMMs instead of seven -- ``[Wq; Wk; Wv]`` and ``[W_gate; W_up]`` stacked
-(:mod:`rpt.fused_weights`: the model's parameters are views of the stacked matrices, so nothing is
+(:mod:`rpt.model_call.fused_weights`: the model's parameters are views of the stacked matrices, so nothing is
 copied and training, checkpoints, parameter names and PEFT targets are unchanged) -- and attention
 reading the cache's ``kv_heads`` K/V directly (``enable_gqa``: no ``repeat_kv`` copy of K and V per
-layer). What a query sees is :func:`rpt.visibility.visible`, eq. 4's rule:
+layer). What a query sees is :func:`rpt.model_call.visibility.visible`, eq. 4's rule:
 
 * inside a compiled call on CUDA (:data:`FLEX_DEVICES`) the rule is flex attention's ``score_mod``,
   evaluated inside the kernel: no ``[batch, 1, Q, capacity]`` mask is built or read, and the flash-style
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from rpt.fused_weights import FusedGroup
-from rpt.visibility import Visibility, visibility_mask, visible
+from rpt.model_call.fused_weights import FusedGroup
+from rpt.model_call.visibility import Visibility, visibility_mask, visible
 
 try:  # torch >= 2.5; guarded for older installs (then the sdpa kernel runs everywhere)
     from torch.nn.attention.flex_attention import flex_attention
@@ -231,7 +231,7 @@ class DecodeModel:
     def __call__(self, cache, ids: torch.Tensor, positions: torch.Tensor, offsets: torch.Tensor | None,
                  vis: Visibility, columns: torch.Tensor, keep=None, plain: bool = False) -> torch.Tensor:
         """Logits ``[batch, K, V]`` of the queries ``keep`` selects (int: the last K; tensor: indices; None:
-        all); each query's K/V written at ``columns`` of ``cache`` (:class:`~rpt.kv_cache.PositionKVCache`,
+        all); each query's K/V written at ``columns`` of ``cache`` (:class:`~rpt.model_call.kv_cache.PositionKVCache`,
         its ``columns`` / ``kv_len`` set by the caller); ``plain``: no mask (every column below kv_len)."""
         h = self.embed(ids, offsets)
         batch, q = ids.shape
@@ -260,7 +260,7 @@ class DecodeModel:
 
 def _attention(vis: Visibility, columns: torch.Tensor, batch: int, like: torch.Tensor, kv_len: int, plain: bool):
     """``attend(q, keys, values, scale)`` for one call (its queries' device and dtype those of ``like``): the
-    rule of :func:`~rpt.visibility.visible` as flex attention's ``score_mod`` (compiled, on
+    rule of :func:`~rpt.model_call.visibility.visible` as flex attention's ``score_mod`` (compiled, on
     :data:`FLEX_DEVICES` in :data:`FLEX_DTYPES`) or as one boolean mask (built once per call, shared by the
     layers), with the cache's KV heads as they are (``enable_gqa``)."""
     if (flex_attention is not None and like.device.type in FLEX_DEVICES and like.dtype in FLEX_DTYPES
