@@ -27,12 +27,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
+from rpt.training.build import build_optimizer
 from rpt.training.compiled_blocks import compile_blocks
 from rpt.training.config import TrainConfig
 from rpt.training.gemm_census import GemmCensus
-from rpt.training.loop import build_optimizer, forward, make_batch, trial_step
 from rpt.training.metrics import device_peak_flops, flops_per_token
 from rpt.training.micro_batch import choose as choose_micro_batch
+from rpt.training.step import forward, make_batch, trial_step
 from rpt.training.step_profile import profile_steps
 
 

@@ -12,9 +12,9 @@ from rpt.model import RPTForCausalLM
 from rpt.model.objective import make_rpt_batch
 from rpt.training.config import ConfigError, TrainConfig, load_config
 from rpt.training.deepspeed_settings import check_deepspeed_batch
-from rpt.training.loop import LEGACY_DRAWS, make_batch, trial_step
 from rpt.training.metrics import read_metrics
 from rpt.training.micro_batch import Split, choose, divisors, fixed_split, search, searched, start_from_probes
+from rpt.training.step import LEGACY_DRAWS, make_batch, trial_step
 from tests.inprocess_train import one_error_line, train_main
 from tests.tiny_models import tiny_llama
 from tests.train_helpers import write_config

@@ -125,7 +125,7 @@ def test_two_process_ddp_matches_single_process(tmp_path):
 
 
 def test_ntp_objective_equals_base_model_labels_loss(tmp_path):
-    from rpt.training.loop import forward, make_batch
+    from rpt.training.step import forward, make_batch
     from tests.tiny_models import tiny_llama
 
     cfg = load_config(write_config(tmp_path, objective="ntp"))
@@ -181,7 +181,7 @@ def test_bad_config_stops_with_one_clear_line(tmp_path):
 
 
 def test_every_rank_runs_the_same_number_of_eval_forwards():
-    from rpt.training.loop import eval_assignment
+    from rpt.training.evaluation import eval_assignment
 
     for n_batches in (0, 1, 2, 3, 5, 16):
         for world in (1, 2, 3, 8):
@@ -374,7 +374,7 @@ def test_optional_backends_are_imported_only_where_used():
     """deepspeed (its import prints "Setting accelerator to CPU"), peft and lm_eval load only in
     the runs that use them; the trainer, the sampler and the evaluation scripts do not import them."""
     code = ("import sys\nimport rpt.training.loop, rpt.sampling.loading, rpt.benchmarks.script, rpt.hf_generate, rpt.model.lora\n"
-            "from rpt.training.loop import make_accelerator\nfrom rpt.training.config import TrainConfig\n"
+            "from rpt.training.build import make_accelerator\nfrom rpt.training.config import TrainConfig\n"
             "import torch\nmake_accelerator(TrainConfig(output_dir='unused')).unwrap_model(torch.nn.Linear(1, 1))\n"
             "print(sorted(m for m in ('deepspeed', 'peft', 'lm_eval') if m in sys.modules))")
     e = {k: v for k, v in env().items() if k != "ACCELERATE_USE_DEEPSPEED"}

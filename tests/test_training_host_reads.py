@@ -4,7 +4,7 @@ evaluation or save reads them, so the host keeps queueing work ahead of the GPU.
 Counted on the CPU as tests/test_decode_host_work.py counts a decode's: the operations that read a value
 back (``item`` / ``bool`` / ``int`` through ``_local_scalar_dense``, ``nonzero``, ``masked_select``, boolean
 indexing) and the transfers that dispatch nothing on the CPU (``tolist``, ``cpu``, ``numpy``, patched),
-inside every ``rpt.training.loop.train_step`` of a whole run. Two reads per forward were there before: the
+inside every ``rpt.training.step.train_step`` of a whole run. Two reads per forward were there before: the
 offsets' range check, and transformers' check of the all-ones attention mask (rpt/model/no_padding_mask.py).
 """
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import rpt.training
+import rpt.training.loop
 from tests.inprocess_train import train_main
 from tests.train_helpers import write_config
 

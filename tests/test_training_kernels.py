@@ -10,9 +10,10 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
+from rpt.training.build import build_optimizer, optimizer_kernel
 from rpt.training.config import TrainConfig
 from rpt.training.gemm_census import GemmCensus
-from rpt.training.loop import build_optimizer, forward, make_batch, optimizer_kernel
+from rpt.training.step import forward, make_batch
 from rpt.training.step_profile import CATEGORIES, category, profile_steps
 
 

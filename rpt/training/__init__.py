@@ -1,4 +1,5 @@
-"""Training: ``loop`` (:func:`~rpt.training.loop.run`, the accelerate loop); the run's config
+"""Training: ``loop`` (:func:`~rpt.training.loop.run`) over ``build`` (the run's accelerator, model
+and optimizer), ``step`` (one optimizer step), ``evaluation`` and ``saving``; the run's config
 (``config``, ``config_keys``), its split into micro-batches, where it starts (``resume``), its record,
 log, files and lock, pre-flight checks, DeepSpeed settings, compiled blocks, metrics, plots and the
 measurements of a step (``gemm_census``, ``step_profile``).

@@ -15,7 +15,7 @@ fragmentation), and every rank takes the minimum over ranks:
   model's shape against the free memory, said so in the start-up block.
 
 The split does not change what is trained: the objective's draws are keyed per sequence of the global
-batch (``rpt.training.loop.make_batch``), and the step's gradient is the mean over the global batch.
+batch (``rpt.training.step.make_batch``), and the step's gradient is the mean over the global batch.
 """
 
 from __future__ import annotations
