@@ -3,14 +3,14 @@
 
     python merge_lora.py runs/lora/final runs/lora/merged
 
-The output is what a full fine-tune writes (``rpt/faithful.py``: plain ``AutoModelForCausalLM``
+The output is what a full fine-tune writes (``rpt/checkpoint/faithful.py``: plain ``AutoModelForCausalLM``
 computes the RPT model's NTP logits; ``custom_generate/`` included), written atomically.
 """
 
 import argparse
 import sys
 
-from rpt.config import report_input_error
+from rpt.training.config import report_input_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,9 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("adapter", help="the LoRA checkpoint directory (e.g. runs/lora/final)")
     ap.add_argument("out", help="where to write the merged checkpoint (replaced if it exists)")
     args = ap.parse_args(argv)
-    from rpt.lora import merge
-    from rpt.model_ref import resolve_model_ref
-    from rpt.preflight import check_output_dir
+    from rpt.checkpoint.model_ref import resolve_model_ref
+    from rpt.model.lora import merge
+    from rpt.training.preflight import check_output_dir
 
     try:
         adapter = resolve_model_ref(args.adapter, "the adapter", "give the final/ directory of a run with a lora: section")

@@ -17,8 +17,8 @@ import math
 import os
 import sys
 
-from rpt.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
 from rpt.data import DataError
+from rpt.training.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
 
 MAX_PROCESSES = 1024  # beyond this a typo (--num-proc 100000) would spawn a process per shard
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             return report_input_error(e)
     if not args.config:
         ap.error("--config is required (or --verify DIR)")
-    from rpt.preflight import check_model_refs, check_output_dir
+    from rpt.training.preflight import check_model_refs, check_output_dir
 
     try:
         cfg = load_config(args.config, args.overrides)

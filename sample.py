@@ -27,9 +27,9 @@ import sys
 import time
 
 from rpt.append_log import NotAJSONObject, json_object_lines
-from rpt.entry_defaults import SAMPLE, explain_defaults
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
+from rpt.sampling.entry_defaults import SAMPLE, explain_defaults
 from rpt.sampling.precision import DTYPE_CHOICES
 
 # torch, transformers and the decoders load in _main: `sample.py --help` stays under a second.
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from rpt.preflight import check_output_file
+    from rpt.training.preflight import check_output_file
 
     if args.output:  # before any work: a path that cannot be written fails now, not after generating
         check_output_file(args.output, "--output")

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from rpt.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
+from rpt.training.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                          "output_dir; a dead trainer's lock is taken over by itself once stale)")
     args = ap.parse_args(argv)
     if args.break_lock:
-        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.run_lock reads it (every rank gets the same argv)
+        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.training.run_lock reads it (every rank gets the same argv)
     if args.device:
         os.environ["ACCELERATE_TORCH_DEVICE"] = args.device  # the device accelerate's state takes
-    from rpt.preflight import check_train_device, check_train_inputs
+    from rpt.training.preflight import check_train_device, check_train_inputs
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rpt.data import DataError
-    from rpt.run_lock import release_run_lock
-    from rpt.training import run
+    from rpt.training.loop import run
+    from rpt.training.run_lock import release_run_lock
 
     try:
         run(cfg)

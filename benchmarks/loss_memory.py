@@ -24,7 +24,7 @@ def start_peak(device: str) -> float:
     """Reset the peak-memory counter of ``device``; returns the memory in use now (MB)."""
     import torch
 
-    from rpt.metrics import current_memory_mb, reset_cpu_peak
+    from rpt.training.metrics import current_memory_mb, reset_cpu_peak
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -38,7 +38,7 @@ def read_peak(device: str) -> float:
     """The peak memory (MB) since :func:`start_peak`: CUDA's allocated peak, or the CPU's VmHWM."""
     import torch
 
-    from rpt.metrics import _proc_status_mb
+    from rpt.training.metrics import _proc_status_mb
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -55,7 +55,7 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rpt.model import RPTForCausalLM
-    from rpt.objective import make_rpt_batch
+    from rpt.model.objective import make_rpt_batch
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
@@ -79,12 +79,12 @@ def measure(loss: str, vocab: int, batch: int, seq: int, hidden: int, layers: in
 
 
 def measure_head(vocab: int, tokens: int, hidden: int, device: str, budget_mb: int = 32) -> dict:
-    """The tiled loss head alone in bf16 (rpt.loss): what its forward + backward add to peak memory,
+    """The tiled loss head alone in bf16 (rpt.model.loss): what its forward + backward add to peak memory,
     against the bound "one float32 head gradient plus one tile of float32 logits". Its weight
     gradient comes back in bf16 (half that float32 gradient), formed slice by slice."""
     import torch
 
-    from rpt.loss import linear_cross_entropy, plan_blocks
+    from rpt.model.loss import linear_cross_entropy, plan_blocks
 
     g = torch.Generator().manual_seed(0)
     hid = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(device).requires_grad_(True)

@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
-from rpt.objective import make_rpt_batch
+from rpt.model.objective import make_rpt_batch
 
 
 def main() -> None:

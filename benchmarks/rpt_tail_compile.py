@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from rpt.compile_guard import CompileFailure, describe
+from rpt.model_call.compile_guard import CompileFailure, describe
 from rpt.sampling.common_step import step_tail
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.contexts import RotatedContexts

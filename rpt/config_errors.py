@@ -1,6 +1,6 @@
 """``ConfigError``: a bad training configuration (a leaf module, as :mod:`rpt.data.errors` holds ``DataError``).
 
-:mod:`rpt.config` (the dataclass and its validation) and :mod:`rpt.config_keys` (the key checks it
+:mod:`rpt.training.config` (the dataclass and its validation) and :mod:`rpt.training.config_keys` (the key checks it
 calls) both raise it, so it lives below both of them.
 """
 

@@ -44,7 +44,7 @@ def scratch_repo(where: Path) -> Path:
 
 def shortened(tokens: list[str], repo: Path) -> list[str]:
     """A documented command with the overrides that make it a seconds-long version of itself."""
-    from rpt.config import load_config
+    from rpt.training.config import load_config
 
     script = next((t for t in tokens if t.endswith(".py")), None)
     if script == "train.py":

@@ -160,5 +160,14 @@ def test_every_late_import_says_why():
 def test_late_import_finder_on_a_hand_made_file(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import rpt.model\n\ndef f():\n    from rpt.data import x  # late: torch\n    import json\n"
-                 "\n\ndef g():\n    def h():\n        import rpt.lora\n    return h\n")
-    assert late_rpt_imports(f) == [(4, "    from rpt.data import x  # late: torch"), (10, "        import rpt.lora")]
+                 "\n\ndef g():\n    def h():\n        import rpt.model.lora\n    return h\n")
+    assert late_rpt_imports(f) == [(4, "    from rpt.data import x  # late: torch"), (10, "        import rpt.model.lora")]
+
+
+def test_the_top_of_rpt_holds_packages_and_at_most_six_modules():
+    """Besides ``__init__`` and the applications (the last layer), the top of ``rpt/`` holds only the
+    modules several layers share and the frozen doors (design.md, "Packages by job, and why")."""
+    layers = stated_layers()
+    top = [f"rpt.{p.stem}" for p in sorted((ROOT / "rpt").glob("*.py")) if p.name != "__init__.py"]
+    shared = [m for m in top if layer_of(m, layers) != len(layers) - 1]
+    assert len(shared) <= 6, shared

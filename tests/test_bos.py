@@ -7,9 +7,9 @@ import json
 import pytest
 from tokenizers import processors
 
-from rpt.config import TrainConfig
 from rpt.data import TokenStore, build_packed, write_token_store
 from rpt.data.tokenizer import bos_id
+from rpt.training.config import TrainConfig
 from tests.tiny_models import tiny_tokenizer
 
 TEXTS = ["def f(x):\n    return x\n", "print('hello')\n", "x = 1 + 2\n"]

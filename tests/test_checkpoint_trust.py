@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from rpt.checkpointing import (
+from rpt.checkpoint.directories import (
     MANIFEST,
     CheckpointError,
     load_data_state,
@@ -18,7 +18,7 @@ from rpt.checkpointing import (
     verify_manifest,
     write_manifest,
 )
-from rpt.metrics import read_metrics
+from rpt.training.metrics import read_metrics
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
 
@@ -192,7 +192,7 @@ def test_deepspeed_resume_verifies_the_manifest_before_its_engine_unpickles(tmp_
 def test_a_scheduler_state_that_does_not_fit_the_run_is_named(tmp_path, state):
     import json
 
-    from rpt.checkpointing import load_scheduler_state
+    from rpt.checkpoint.directories import load_scheduler_state
 
     params = [torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))]
     opt = torch.optim.AdamW([{"params": params[:1]}, {"params": params[1:]}], lr=1.0)

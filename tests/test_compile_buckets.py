@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 
-from rpt.queries import batch_bucket
+from rpt.model_call.queries import batch_bucket
 from rpt.sampling import SamplingConfig, compiled_ntp, compiled_rpt, generate, generate_reference
 from rpt.sampling.contexts import GrowingContexts
 from rpt.sampling.proposal_layout import ProposalLayout

@@ -1,4 +1,4 @@
-"""``compile: true`` (rpt/compiled_blocks.py): the same training as eager, compiled once, under
+"""``compile: true`` (rpt/training/compiled_blocks.py): the same training as eager, compiled once, under
 gradient checkpointing, DDP and DeepSpeed ZeRO-2 (a slow test), and refused in one line under ZeRO-3."""
 
 import json
@@ -12,11 +12,12 @@ import torch
 from functorch.compile import make_boxed_func
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from rpt.compiled_blocks import compile_blocks, transformer_blocks
-from rpt.config import TrainConfig
-from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
-from rpt.training import build_optimizer, forward, make_batch
+from rpt.training.build import build_optimizer
+from rpt.training.compiled_blocks import compile_blocks, transformer_blocks
+from rpt.training.config import TrainConfig
+from rpt.training.metrics import read_metrics
+from rpt.training.step import forward, make_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import (
     MICRO,
@@ -200,8 +201,8 @@ def test_deepspeed_zero2_trains_compiled(tmp_path):
 def test_zero3_with_compile_is_refused_before_any_work():
     from types import SimpleNamespace
 
-    from rpt.config import ConfigError
-    from rpt.training import check_backend
+    from rpt.training.build import check_backend
+    from rpt.training.config import ConfigError
 
     def accelerator(stage):
         plugin = SimpleNamespace(zero_stage=stage) if stage else None
@@ -229,7 +230,7 @@ def test_deepspeed_zero3_refuses_compile_in_one_line(tmp_path):
 
 
 def test_compile_backend_is_checked():
-    from rpt.config import ConfigError, validate
+    from rpt.training.config import ConfigError, validate
 
     with pytest.raises(ConfigError, match="compile_backend"):
         validate(TrainConfig(model=MICRO["model"], data={"stdlib": {}}, compile=True, compile_backend="tensorrt"))
@@ -241,7 +242,7 @@ if __name__ == "__main__":
 
 def test_lora_blocks_compile_to_the_same_loss_and_gradients():
     """PEFT's LoRA layers inside a compiled block (aot_eager: dynamo + AOTAutograd): the eager numbers."""
-    from rpt.lora import add_lora
+    from rpt.model.lora import add_lora
 
     cfg = TrainConfig(model="x", data="x", objective="rpt", seq_len=32, window=3, s=1.0, q=0.2)
     batch = make_batch(cfg, torch.randint(0, 97, (4, 33), generator=torch.Generator().manual_seed(1)), 1, 0)

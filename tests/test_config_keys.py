@@ -2,8 +2,8 @@
 
 import pytest
 
-from rpt.config import ConfigError, load_config
-from rpt.metrics import read_metrics
+from rpt.training.config import ConfigError, load_config
+from rpt.training.metrics import read_metrics
 from tests.train_helpers import run_train, write_config
 
 

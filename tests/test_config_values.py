@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from rpt.config import ConfigError, load_config
-from rpt.metrics import read_metrics
+from rpt.training.config import ConfigError, load_config
+from rpt.training.metrics import read_metrics
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config
 
@@ -65,7 +65,7 @@ def test_the_nan_check_reads_the_host_only_where_a_step_is_kept_and_still_names_
                                                                                                      monkeypatch):
     """Between log, evaluation and save steps the check stays on the device (no host sync per step);
     the step it names is still the first whose loss was not finite (the every-step run's)."""
-    from rpt import training
+    from rpt.training import loop as training
 
     cfg = write_config(tmp_path, **DIVERGES)
     assert train_main(cfg) == 2

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from rpt.config import TrainConfig
 from rpt.data import build_packed
 from rpt.data.errors import DataError
+from rpt.training.config import TrainConfig
 from tests.tiny_models import tiny_tokenizer
 from tests.train_helpers import write_jsonl
 

@@ -78,7 +78,7 @@ def test_a_short_prompt_allocates_the_cache_eagerly_and_static(monkeypatch, fuse
     the prefill's graph); after that, nothing is traced."""
     from torch._dynamo.utils import counters
 
-    from rpt import decode_model
+    from rpt.model_call import decode_model
 
     if not fused:
         monkeypatch.setattr(decode_model, "ARCHITECTURES", {})

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rpt import decode_model
+from rpt.model_call import decode_model
 from rpt.sampling import SamplingConfig, generate, generate_reference, step_compile
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model

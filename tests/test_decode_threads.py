@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 import torch
 
-from rpt import decode_model
-from rpt.compile_guard import dynamo_patch
-from rpt.decode_model import DecodeModel, release_fused_weights
-from rpt.queries import _configs, attention_implementation, implementation_of
+from rpt.model_call import decode_model
+from rpt.model_call.compile_guard import dynamo_patch
+from rpt.model_call.decode_model import DecodeModel, release_fused_weights
+from rpt.model_call.queries import _configs, attention_implementation, implementation_of
 from rpt.sampling import SamplingConfig, generate
 from rpt.sampling.decode_buffers import (
     DecodeBuffers,

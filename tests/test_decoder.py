@@ -426,10 +426,10 @@ def test_attention_implementations_give_sdpas_tokens(attn):
 def test_mask_free_calls_keep_the_models_own_attention(monkeypatch):
     """A flash-like implementation (registered here: flash kernels need a GPU) runs the mask-free NTP
     calls itself; only the calls with a custom mask switch to sdpa. The tokens are sdpa's. (A model the
-    fused decode call does not take: it attends by itself, rpt/decode_model.py.)"""
+    fused decode call does not take: it attends by itself, rpt/model_call/decode_model.py.)"""
     from transformers import AttentionInterface
 
-    from rpt import decode_model
+    from rpt.model_call import decode_model
 
     monkeypatch.setattr(decode_model, "ARCHITECTURES", {})
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
+from rpt.training.metrics import read_metrics
 from tests.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
 
 pytest.importorskip("deepspeed")
@@ -39,8 +39,8 @@ def test_deepspeed_zero_trains_and_saves_on_cpu(tmp_path, stage, precision, clip
 
 
 def test_deepspeed_json_that_pins_another_setting_is_one_error():
-    from rpt.config import ConfigError, TrainConfig
-    from rpt.deepspeed_settings import apply_run_config
+    from rpt.training.config import ConfigError, TrainConfig
+    from rpt.training.deepspeed_settings import apply_run_config
 
     cfg = TrainConfig(model="x", data={"stdlib": {}}, precision="fp32", max_grad_norm=0.0, micro_batch_size=2, grad_accum=3)
     shipped = json.loads(open("configs/accelerate/ds_zero3.json").read())

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from rpt.config import load_config
+from rpt.training.config import load_config
 from tests.scripts import ROOT, load_script
 
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -153,10 +153,10 @@ def test_the_readme_commands_read_the_demo_checkpoints():
 
 
 def test_every_config_key_is_documented():
-    """Every key of rpt/config.py in docs/training.md, every nested key of rpt/config_keys.py in
+    """Every key of rpt/training/config.py in docs/training.md, every nested key of rpt/training/config_keys.py in
     docs/training.md or docs/data.md (as `key` or `key:`)."""
-    from rpt import config_keys
-    from rpt.config import FIELDS
+    from rpt.training import config_keys
+    from rpt.training.config import FIELDS
 
     training = (ROOT / "docs" / "training.md").read_text()
     both = training + (ROOT / "docs" / "data.md").read_text()

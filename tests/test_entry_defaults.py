@@ -1,6 +1,6 @@
 """One default per knob across the entry points, or the difference stated in ``--help`` with its
 reason: every entry point's argparse defaults are parsed and compared knob by knob; a difference
-that ``rpt.entry_defaults.DIFFERENCES`` does not list (with each entry's value) fails, and a listed
+that ``rpt.sampling.entry_defaults.DIFFERENCES`` does not list (with each entry's value) fails, and a listed
 one must show its reason in that entry's ``--help``. The lm-eval task's shots are read from its YAML."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
-from rpt import entry_defaults as ed
+from rpt.sampling import entry_defaults as ed
 from tests.scripts import ROOT, load_script
 
 

@@ -264,7 +264,7 @@ def test_compiled_eager_and_fallback_completions_are_recorded_and_kept_apart(scr
     own; completions a compile failure made eagerly are counted in the report and said in one line. (The
     scripts' ``--compile`` is inductor: here the decode's backend is swapped for dynamo's ``eager``, or
     for one that raises.)"""
-    from rpt.compile_guard import STRICT_ENV
+    from rpt.model_call.compile_guard import STRICT_ENV
     from rpt.sampling import texts
     from tests.test_compile_fallback import Broken
 

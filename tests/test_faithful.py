@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from rpt.model import LEGACY_TABLE_NAME, RPT_CONFIG_NAME, RPT_TABLE_NAME, RPTForCausalLM
-from rpt.objective import make_rpt_batch
+from rpt.model import RPTForCausalLM
+from rpt.model.objective import make_rpt_batch
+from rpt.model.wrapper import LEGACY_TABLE_NAME, RPT_CONFIG_NAME, RPT_TABLE_NAME
 from tests.tiny_models import tiny_gpt2, tiny_llama
 
 BASES = {

@@ -1,7 +1,7 @@
-"""The decode's fused model call (``rpt/decode_model.py``, ``rpt/fused_weights.py``).
+"""The decode's fused model call (``rpt/model_call/decode_model.py``, ``rpt/model_call/fused_weights.py``).
 
 Truths: Hugging Face's own forward over every column at once, with an explicit 4D mask written here
-element by element from eq. 4's rule (not from ``rpt.visibility``), for the logits; the uncached
+element by element from eq. 4's rule (not from ``rpt.model_call.visibility``), for the logits; the uncached
 reference decoder for tokens; an unfused twin of the model for training after a decode. The graph checks
 record the compiled step's FX graph with a backend that only records (dynamo's trace, no inductor).
 """
@@ -22,10 +22,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rpt import decode_model
-from rpt.decode_model import DecodeModel, release_fused_weights, unsupported
 from rpt.model import RPTForCausalLM
-from rpt.queries import ModelQueries, Visibility
+from rpt.model_call import decode_model
+from rpt.model_call.decode_model import DecodeModel, release_fused_weights, unsupported
+from rpt.model_call.queries import ModelQueries, Visibility
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from tests.tiny_models import tiny_gpt2
 
@@ -350,7 +350,7 @@ def test_training_after_a_decode_is_training_of_the_unfused_model():
 
 # ---- what keeps Hugging Face's forward --------------------------------------------------------------------
 def lora_llama():
-    from rpt.lora import add_lora
+    from rpt.model.lora import add_lora
 
     model = tiny()
     add_lora(model, {"r": 4})
@@ -424,7 +424,7 @@ def test_an_adapter_injected_after_a_decode_is_not_skipped():
     cfg = SamplingConfig(max_new_tokens=6, eos_token_id=[])
     queries = ModelQueries(model, 16)
     assert queries.decode is not None
-    from rpt.lora import add_lora
+    from rpt.model.lora import add_lora
 
     add_lora(model, {"r": 4})
     with torch.no_grad():

@@ -9,10 +9,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rpt.config_keys import check_lora_section
-from rpt.lora import add_lora, save_lora_checkpoint
-from rpt.model import RPT_TABLE_NAME, RPTForCausalLM
-from rpt.objective import make_rpt_batch
+from rpt.model import RPTForCausalLM
+from rpt.model.lora import add_lora, save_lora_checkpoint
+from rpt.model.objective import make_rpt_batch
+from rpt.model.wrapper import RPT_TABLE_NAME
+from rpt.training.config_keys import check_lora_section
 from tests.scripts import ROOT, load_script
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import run_train, write_config
@@ -76,7 +77,7 @@ def test_adapter_directory_round_trip_and_merge(tmp_path, builder, section):
 
 
 def test_from_pretrained_loads_an_adapter_without_importing_rpt_lora(tmp_path):
-    """rpt.model does not import rpt.lora (it sits above it); from_pretrained's registered loader
+    """rpt.model does not import rpt.model.lora (it sits above it); from_pretrained's registered loader
     still loads an adapter directory in a process that imported only rpt.model."""
     model, _ = lora_model(tiny_llama())
     x, ids, kw = inputs()
@@ -84,7 +85,7 @@ def test_from_pretrained_loads_an_adapter_without_importing_rpt_lora(tmp_path):
         truth = model(ids, **kw).logits
     save_lora_checkpoint(model, str(tmp_path / "lora"), SECTION, base=None)
     torch.save({"ids": ids, **kw}, tmp_path / "inputs.pt")
-    code = ("import sys, torch\nfrom rpt.model import RPTForCausalLM\nassert 'rpt.lora' not in sys.modules\n"
+    code = ("import sys, torch\nfrom rpt.model import RPTForCausalLM\nassert 'rpt.model.lora' not in sys.modules\n"
             f"d = torch.load({str(tmp_path / 'inputs.pt')!r})\nids = d.pop('ids')\n"
             f"m = RPTForCausalLM.from_pretrained({str(tmp_path / 'lora')!r})\n"
             f"assert m.merged_from_lora\nwith torch.no_grad():\n    torch.save(m(ids, **d).logits, {str(tmp_path / 'out.pt')!r})\n")

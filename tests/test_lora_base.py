@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-from rpt.checkpointing import CheckpointError
-from rpt.lora import save_lora_checkpoint
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM
+from rpt.checkpoint.directories import CheckpointError
+from rpt.model import RPTForCausalLM
+from rpt.model.lora import save_lora_checkpoint
+from rpt.model.wrapper import RPT_CONFIG_NAME
 from tests.inprocess_train import one_error_line
 from tests.scripts import load_script
 from tests.test_lora import SECTION, lora_model

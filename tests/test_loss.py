@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rpt.loss import MIN_VOCAB_BLOCK, Blocks, linear_cross_entropy, plan_blocks
 from rpt.model import RPTForCausalLM
-from rpt.objective import make_rpt_batch
+from rpt.model.loss import MIN_VOCAB_BLOCK, Blocks, linear_cross_entropy, plan_blocks
+from rpt.model.objective import make_rpt_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import ROOT, env
 

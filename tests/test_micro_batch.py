@@ -1,4 +1,4 @@
-"""``micro_batch_size: auto`` and ``global_batch_size`` (rpt/micro_batch.py): the search steps down on
+"""``micro_batch_size: auto`` and ``global_batch_size`` (rpt/training/micro_batch.py): the search steps down on
 out-of-memory errors, the split keeps the global batch, another split trains the same, a resume may
 change the split but not the batch, and contradicting settings are one line."""
 
@@ -8,13 +8,13 @@ import os
 import pytest
 import torch
 
-from rpt.config import ConfigError, TrainConfig, load_config
-from rpt.deepspeed_settings import check_deepspeed_batch
-from rpt.metrics import read_metrics
-from rpt.micro_batch import Split, choose, divisors, fixed_split, search, searched, start_from_probes
 from rpt.model import RPTForCausalLM
-from rpt.objective import make_rpt_batch
-from rpt.training import LEGACY_DRAWS, make_batch, trial_step
+from rpt.model.objective import make_rpt_batch
+from rpt.training.config import ConfigError, TrainConfig, load_config
+from rpt.training.deepspeed_settings import check_deepspeed_batch
+from rpt.training.metrics import read_metrics
+from rpt.training.micro_batch import Split, choose, divisors, fixed_split, search, searched, start_from_probes
+from rpt.training.step import LEGACY_DRAWS, make_batch, trial_step
 from tests.inprocess_train import one_error_line, train_main
 from tests.tiny_models import tiny_llama
 from tests.train_helpers import write_config
@@ -191,10 +191,10 @@ def test_two_splits_of_one_global_batch_train_the_same_and_a_resume_may_change_t
 def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_path, capsys, monkeypatch, cache):
     """A run whose checkpoints do not say how its draws were keyed (written before) resumes keyed per
     micro-batch, exactly; changing its micro-batch (it would change the permutations) is refused."""
-    import rpt.training
+    import rpt.training.loop
 
     cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2}, cache_dir=cache)
-    real = rpt.training.split_record
+    real = rpt.training.loop.split_record
 
     def as_before(split, draws):
         record = real(split, draws)
@@ -202,8 +202,8 @@ def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_p
             record.pop(key)
         return record
 
-    monkeypatch.setattr(rpt.training, "DRAWS", LEGACY_DRAWS)
-    monkeypatch.setattr(rpt.training, "split_record", as_before)
+    monkeypatch.setattr(rpt.training.loop, "DRAWS", LEGACY_DRAWS)
+    monkeypatch.setattr(rpt.training.loop, "split_record", as_before)
     assert train_main(cfg, f"output_dir={tmp_path / 'old'}") == 0
     assert train_main(cfg, f"output_dir={tmp_path / 'cut'}", "max_steps=2") == 0
     monkeypatch.undo()

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from rpt.model import RPTForCausalLM
-from rpt.objective import make_rpt_batch, ntp_batch, window_permutation
+from rpt.model.objective import make_rpt_batch, ntp_batch, window_permutation
 from tests.tiny_models import tiny_gpt2, tiny_llama
 
 BUILDERS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
@@ -42,7 +42,7 @@ def test_ptp_position_equals_hand_built_conditional(arch, window):
     x = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
     k = 4
     sigma, tau = window_permutation(12, [k], window)
-    from rpt.objective import offset_to_row
+    from rpt.model.objective import offset_to_row
 
     with torch.no_grad():
         permuted = model(
@@ -73,7 +73,7 @@ def test_loss_is_eq13_and_split_by_kind():
     x = torch.randint(0, 97, (4, 41), generator=torch.Generator().manual_seed(3))
     b = make_rpt_batch(x, window=3, s=1.0, q=0.3, generator=torch.Generator().manual_seed(0), num_inputs=40)
     out = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids, labels=b.labels, kinds=b.kinds)
-    assert out.logits is None  # the loss path never holds the batch's logits (rpt.loss)
+    assert out.logits is None  # the loss path never holds the batch's logits (rpt.model.loss)
     logits = model(b.input_ids, position_ids=b.position_ids, offset_ids=b.offset_ids).logits
     ce = F.cross_entropy(logits.reshape(-1, 97), b.labels.reshape(-1), reduction="none").view(4, 40)
     assert out.loss.item() == pytest.approx(ce.mean().item(), rel=1e-5)
@@ -110,7 +110,7 @@ def test_save_and_load_round_trip(tmp_path, arch):
         loaded = RPTForCausalLM.from_pretrained(tmp_path)
         after = loaded(b.input_ids, **kw).logits
         assert loaded.window == 3
-        # the NTP row is folded into the saved embedding (rpt.faithful): one float32 rounding
+        # the NTP row is folded into the saved embedding (rpt.checkpoint.faithful): one float32 rounding
         assert (before - after).abs().max() < 1e-5
         # smaller sampling windows are fine, larger ones are not
         assert RPTForCausalLM.from_pretrained(tmp_path, window=2).window == 3

@@ -1,10 +1,10 @@
-"""One resolver of model references (rpt/model_ref.py) behind every entry point: a local
+"""One resolver of model references (rpt/checkpoint/model_ref.py) behind every entry point: a local
 directory, a path that does not exist, a hub id cached or not (offline), each decided before any
 work; the evaluation scripts report a bad ``--checkpoint`` in one line through it."""
 
 import pytest
 
-from rpt.model_ref import ModelRefError, looks_like_path, resolve_model_ref
+from rpt.checkpoint.model_ref import ModelRefError, looks_like_path, resolve_model_ref
 from tests.scripts import load_script
 
 

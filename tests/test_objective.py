@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rpt.objective import (
+from rpt.model.objective import (
     IGNORE_INDEX,
     expected_swaps,
     make_rpt_batch,

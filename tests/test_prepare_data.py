@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from rpt.config import load_config
 from rpt.data import (
     DataError,
     TokenStore,
@@ -19,6 +18,7 @@ from rpt.data import (
     stdlib_texts,
 )
 from rpt.data.sources import is_validation_text
+from rpt.training.config import load_config
 from tests.inprocess_train import one_error_line
 from tests.tiny_models import tiny_tokenizer
 from tests.train_helpers import ROOT, env, run_train, write_config, write_jsonl

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from rpt.data import stdlib_texts
-from rpt.metrics import read_metrics
 from rpt.model import RPTForCausalLM
+from rpt.training.metrics import read_metrics
 from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config, write_jsonl, zero_launch_config
 
 

@@ -11,9 +11,10 @@ import torch
 from safetensors.torch import save_file
 
 import sample
-from rpt.checkpointing import CheckpointError
-from rpt.model import RPT_CONFIG_NAME, RPT_TABLE_NAME, RPTForCausalLM
-from rpt.rpt_config import MAX_WINDOW, read_rpt_config
+from rpt.checkpoint.directories import CheckpointError
+from rpt.checkpoint.rpt_config import MAX_WINDOW, read_rpt_config
+from rpt.model import RPTForCausalLM
+from rpt.model.wrapper import RPT_CONFIG_NAME, RPT_TABLE_NAME
 from tests.inprocess_train import one_error_line
 from tests.tiny_models import save_tiny_checkpoint
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import rpt.data.sources as sources
-from rpt.config import TrainConfig
 from rpt.data import build_packed
+from rpt.training.config import TrainConfig
 from tests.tiny_models import tiny_tokenizer
 
 

@@ -267,8 +267,8 @@ def test_an_unreadable_shard_or_log_is_named_at_opening(tmp_path, tokenizer):
     import contextlib
     import tempfile
 
-    from rpt.config import ConfigError
-    from rpt.run_files import check_run_files
+    from rpt.training.config import ConfigError
+    from rpt.training.run_files import check_run_files
 
     @contextlib.contextmanager
     def unprivileged():

@@ -4,15 +4,15 @@ evaluation or save reads them, so the host keeps queueing work ahead of the GPU.
 Counted on the CPU as tests/test_decode_host_work.py counts a decode's: the operations that read a value
 back (``item`` / ``bool`` / ``int`` through ``_local_scalar_dense``, ``nonzero``, ``masked_select``, boolean
 indexing) and the transfers that dispatch nothing on the CPU (``tolist``, ``cpu``, ``numpy``, patched),
-inside every ``rpt.training.train_step`` of a whole run. Two reads per forward were there before: the
-offsets' range check, and transformers' check of the all-ones attention mask (rpt/no_padding_mask.py).
+inside every ``rpt.training.step.train_step`` of a whole run. Two reads per forward were there before: the
+offsets' range check, and transformers' check of the all-ones attention mask (rpt/model/no_padding_mask.py).
 """
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import rpt.training
+import rpt.training.loop
 from tests.inprocess_train import train_main
 from tests.train_helpers import write_config
 
@@ -46,14 +46,14 @@ def counted(monkeypatch):
     reads = {"train_step": HostReads(), "stop_if_not_finite": HostReads()}
     calls = dict.fromkeys(reads, 0)
     for name in reads:
-        real = getattr(rpt.training, name)
+        real = getattr(rpt.training.loop, name)
 
         def counting(*args, _real=real, _name=name, **kwargs):
             calls[_name] += 1
             with reads[_name]:
                 return _real(*args, **kwargs)
 
-        monkeypatch.setattr(rpt.training, name, counting)
+        monkeypatch.setattr(rpt.training.loop, name, counting)
     for method in ("tolist", "cpu", "numpy"):  # transfers that dispatch nothing on the CPU
         real = getattr(torch.Tensor, method)
 

@@ -9,11 +9,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry, shape_wrapper
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rpt.config import TrainConfig
-from rpt.gemm_census import GemmCensus
 from rpt.model import RPTForCausalLM
-from rpt.step_profile import CATEGORIES, category, profile_steps
-from rpt.training import build_optimizer, forward, make_batch, optimizer_kernel
+from rpt.training.build import build_optimizer, optimizer_kernel
+from rpt.training.config import TrainConfig
+from rpt.training.gemm_census import GemmCensus
+from rpt.training.step import forward, make_batch
+from rpt.training.step_profile import CATEGORIES, category, profile_steps
 
 
 def llama(vocab: int, layers: int, seq: int, attn: str = "sdpa", hidden: int = 128) -> RPTForCausalLM:
@@ -109,7 +110,7 @@ def test_census_counts_grouped_query_attention_on_any_torch(monkeypatch):
 
 
 def test_step_profile_attributes_a_steps_time_to_its_kernels():
-    """rpt.step_profile on the CPU: one step of both objectives profiled, its time split over the five
+    """rpt.training.step_profile on the CPU: one step of both objectives profiled, its time split over the five
     categories (all present, adding up to 1), the table naming the top operations; and CUDA kernel
     names attributed by the operation and the ranges that launched them."""
     for objective in ("ntp", "rpt"):
@@ -221,7 +222,7 @@ def test_training_attention_is_the_fused_causal_kernel_at_2048(objective):
 def test_cuda_bf16_steps_fused_and_compiled_equal_eager():
     """On a GPU: the fused AdamW is what training builds, the bf16 step's products are all bf16, and
     three steps with compiled blocks give eager's losses."""
-    from rpt.compiled_blocks import compile_blocks
+    from rpt.training.compiled_blocks import compile_blocks
 
     cfg = train_config("rpt", 256)
     rows = torch.randint(0, 32000, (4, 257), generator=torch.Generator().manual_seed(0))

@@ -27,13 +27,13 @@ from pathlib import Path
 from rpt.benchmarks import sweep
 from rpt.benchmarks.generation import add_model_args, check_source_args, load_checkpoint
 from rpt.benchmarks.jsonl import EvalInputError, select_tasks
+from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
 from rpt.devices import check_device
-from rpt.entry_defaults import explain_defaults
-from rpt.model_ref import ModelRefError, resolve_model_ref
 from rpt.report import ResultStore, bar_plot, out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.sampling import chat
 from rpt.sampling.chat import CHAT_HELP, add_chat_arg
 from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.sampling.entry_defaults import explain_defaults
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
 from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sandbox import IsolationUnavailable
@@ -58,7 +58,7 @@ class Benchmark:
     given = "canonical"
     token_healing = False
     chat_prompt = ""  # what --chat asks (for --help)
-    script: str | None = None  # the entry point's path, e.g. "eval/gsm8k.py" (rpt.entry_defaults)
+    script: str | None = None  # the entry point's path, e.g. "eval/gsm8k.py" (rpt.sampling.entry_defaults)
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         """The benchmark's own flags."""

@@ -81,7 +81,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Every flag of ``eval/table1.py`` before the first run: one ``ValueError`` line naming the flag
     and the fix (a bad value would otherwise stop a benchmark run midway through the table)."""
     from rpt.devices import check_device  # late: torch, only the script needs it
-    from rpt.preflight import check_output_dir  # late: the config stack, only the script needs it
+    from rpt.training.preflight import check_output_dir  # late: the config stack, only the script needs it
 
     check_output_dir(args.out, "--out")  # a folder: an existing file is refused, not overwritten
     rules = [("--windows", args.windows, lambda w: w >= 2, "RPT revisits at least one previous token: use w >= 2 "

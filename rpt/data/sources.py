@@ -89,7 +89,7 @@ def hub_dataset_commit(name: str, revision: str | None) -> str | None:
         return revision  # pinned to a commit
     from huggingface_hub import constants
 
-    from rpt.model_ref import hub_offline  # late: huggingface_hub, only for hub sources
+    from rpt.checkpoint.model_ref import hub_offline  # late: huggingface_hub, only for hub sources
 
     if not hub_offline():
         try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rpt.config import load_config
 from rpt.demo.processes import ROOT, run_command
-from rpt.metrics import read_metrics
+from rpt.training.config import load_config
+from rpt.training.metrics import read_metrics
 
 # Every evaluation of a demo run reads the whole validation split (about 86 batches of 16 x 129
 # tokens; the count is capped at what exists): the first 8 batches, the training default, are a

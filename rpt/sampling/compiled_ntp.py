@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from rpt.queries import Visibility
+from rpt.model_call.queries import Visibility
 from rpt.sampling.contexts import RotatedContexts
 from rpt.sampling.decode_state import DecodeState
 from rpt.sampling.processors import caches_at_first_use

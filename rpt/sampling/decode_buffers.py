@@ -2,12 +2,12 @@ r"""The buffers a compiled decode borrows, pooled per model and bucket, so that 
 runs its compiled (on CUDA: graph-replayed) steps on the same storage.
 
 A bucket is ``(batch bucket, capacity bucket, window shape, ...)`` (:func:`buffers_key`): the KV cache's
-capacity and the batch are rounded up (:func:`rpt.queries.capacity_bucket`, :func:`rpt.queries.batch_bucket`:
+capacity and the batch are rounded up (:func:`rpt.model_call.queries.capacity_bucket`, :func:`rpt.model_call.queries.batch_bucket`:
 the rows past a decode's are inert), so decodes of many prompt widths and batch sizes share one entry,
 one set of compiled graphs and no re-capture.
 
 **Who owns what, and when it is freed.** The pool owns its entries. An entry -- the
-:class:`~rpt.queries.ModelQueries` with its KV cache, the :class:`~rpt.sampling.decode_state.DecodeState`
+:class:`~rpt.model_call.queries.ModelQueries` with its KV cache, the :class:`~rpt.sampling.decode_state.DecodeState`
 and the compiled steps reading them -- is *lent* to one decode at a time (:func:`borrow` ... the
 decoder's ``close``); a decode that finds its entry lent out (a nested or concurrent ``generate`` on
 the same model) gets a fresh, unpooled one that it owns and that is freed with it. The pool is read
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rpt.queries import ModelQueries
+from rpt.model_call.queries import ModelQueries
 from rpt.sampling.decode_state import DecodeState, eos_slots
 
 POOLED_PER_MODEL = 2
@@ -47,7 +47,7 @@ class DecodeBuffers:
     state: DecodeState
     steps: dict = field(default_factory=dict)  # name -> compiled step (compiled_ntp / compiled_rpt)
     lent: bool = False
-    # why a compiled decode on these buffers failed (rpt.compile_guard.describe): the later decodes of the
+    # why a compiled decode on these buffers failed (rpt.model_call.compile_guard.describe): the later decodes of the
     # bucket run eagerly at once instead of compiling (and failing) again, each with the warning
     failure: str | None = None
 

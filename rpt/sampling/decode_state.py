@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rpt.queries import Visibility
+from rpt.model_call.queries import Visibility
 from rpt.sampling.config import TENSOR_KNOBS
 from rpt.sampling.proposal_layout import ProposalLayout
 

@@ -3,7 +3,7 @@ batched, one model call per new token on the common path.
 
 The algorithm is :func:`rpt.sampling.algorithm.decode_row` (read that first); the uncached reference
 (:mod:`rpt.sampling.reference`) drives the same statement. This driver answers the requests of all
-rows with one call of :class:`~rpt.queries.ModelQueries` per round, in a few pure steps: plan the
+rows with one call of :class:`~rpt.model_call.queries.ModelQueries` per round, in a few pure steps: plan the
 call (a :class:`~rpt.sampling.query_block.Block`), build its inputs, call the model, propose, hand
 the answers back. :func:`~rpt.sampling.fast_decoder.generate` builds it and runs it.
 
@@ -45,9 +45,9 @@ from collections.abc import Callable
 
 import torch
 
-from rpt.compile_guard import CompileFailure
-from rpt.kv_cache import sliding_window_of
-from rpt.queries import ModelQueries, batch_bucket, capacity_bucket, implementation_of
+from rpt.model_call.compile_guard import CompileFailure
+from rpt.model_call.kv_cache import sliding_window_of
+from rpt.model_call.queries import ModelQueries, batch_bucket, capacity_bucket, implementation_of
 from rpt.sampling import ntp_path, rpt_path
 from rpt.sampling.algorithm import NTPRequest, Request, Row, decode_row
 from rpt.sampling.common_step import common_step
@@ -114,7 +114,7 @@ class Decoder:
     def _buffers(self, model, capacity: int, batch: int) -> DecodeBuffers:
         """The model queries (KV cache) and decode state: a compiled decode borrows them from the pool of
         its bucket (:mod:`rpt.sampling.decode_buffers`, given back by :meth:`close`) -- capacity and batch
-        bucketed (:func:`~rpt.queries.batch_bucket`), so that an evaluation meets a bounded set of shapes;
+        bucketed (:func:`~rpt.model_call.queries.batch_bucket`), so that an evaluation meets a bounded set of shapes;
         an eager one allocates its own (exactly ``capacity`` columns and ``batch`` rows), freed with this
         decoder."""
         draws, eos = ntp_draws(self.config), len(self.config.eos_token_ids)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rpt.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
+from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
 from rpt.sampling.decoder import Decoder
@@ -56,7 +56,7 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
         :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
     """
     # nothing of the model is switched for the decode (two threads may decode with it at once): the offset
-    # rows' range check is skipped per call (rpt.queries), the attention switch is shared (rpt.shared_switch)
+    # rows' range check is skipped per call (rpt.model_call.queries), the attention switch is shared (rpt.shared_switch)
     with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
         start = time.perf_counter()
         inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
@@ -74,7 +74,7 @@ def _run(decoder: Decoder) -> GenerateOutput:
 
 def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
             compile: bool | str | Callable) -> GenerateOutput:
-    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.compile_guard`)
+    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.model_call.compile_guard`)
     is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
     strict mode the failure is raised)."""
     if not compile:

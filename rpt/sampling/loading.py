@@ -10,9 +10,9 @@ import os
 
 import torch
 
-from rpt.model import RPT_CONFIG_NAME, RPTForCausalLM, load_causal_lm
-from rpt.model_ref import resolve_model_ref
-from rpt.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
+from rpt.checkpoint.model_ref import resolve_model_ref
+from rpt.checkpoint.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
+from rpt.model.wrapper import RPT_CONFIG_NAME, RPTForCausalLM, load_causal_lm
 from rpt.sampling.chat import template_file_problem
 from rpt.sampling.config import SamplingConfig
 
@@ -63,8 +63,8 @@ def check_checkpoint(window: int | RPTConfig | None, config: SamplingConfig, che
 
 def load_model(checkpoint: str, window: int | RPTConfig | None, device: str, dtype: torch.dtype):
     """The RPT model (or the plain causal LM, for NTP sampling: ``window`` None) in eval mode on ``device``.
-    Both through :func:`rpt.model.load_causal_lm`: ``.bin`` weights that weights-only unpickling refuses
-    are one :class:`~rpt.checkpointing.CheckpointError` naming the file, nothing of them run."""
+    Both through :func:`rpt.model.wrapper.load_causal_lm`: ``.bin`` weights that weights-only unpickling refuses
+    are one :class:`~rpt.checkpoint.directories.CheckpointError` naming the file, nothing of them run."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one clean stats line on stderr, no loading bars

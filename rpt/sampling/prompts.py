@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rpt.checkpoint.rpt_config import check_rpt_objective, check_window_covers
 from rpt.model import RPTForCausalLM
-from rpt.rpt_config import check_rpt_objective, check_window_covers
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenVocabulary, heal_prompt
 

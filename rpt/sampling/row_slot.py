@@ -1,7 +1,7 @@
 r"""``Slot``: the per-row driver's view of one row -- its program, which tokens the KV cache holds for
 it, and which proposals it may still reuse.
 
-The cache is addressed by column and rewritten in place (:mod:`rpt.kv_cache`), so the driver
+The cache is addressed by column and rewritten in place (:mod:`rpt.model_call.kv_cache`), so the driver
 (:class:`~rpt.sampling.decoder.Decoder`) keeps no rollback: a slot remembers the token whose KV sits
 at each column, and the cache serves the row up to its first column whose token changed since,
 whatever changed it.

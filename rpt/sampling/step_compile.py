@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from rpt.compile_guard import guarded
+from rpt.model_call.compile_guard import guarded
 
 # compiled steps run between two reads of the flags, per device type (1 elsewhere): on CUDA the host
 # queues several graph replays while the device runs them, as gpt-fast and vLLM do (an NTP row that
@@ -46,7 +46,7 @@ def graphs_on(device: torch.device, backend) -> bool:
 def compile_step(fn: Callable, backend, device: torch.device) -> Callable:
     """``fn`` compiled for fixed shapes; replayed from a captured CUDA graph on CUDA with inductor. Any
     failure while it runs (tracing, compiling, capturing, replaying) raises
-    :class:`~rpt.compile_guard.CompileFailure`, on which ``generate`` decodes eagerly."""
+    :class:`~rpt.model_call.compile_guard.CompileFailure`, on which ``generate`` decodes eagerly."""
     if graphs_on(device, backend):
         return guarded(torch.compile(fn, mode="reduce-overhead", dynamic=False, fullgraph=True))
     return guarded(torch.compile(fn, backend=backend, dynamic=False, fullgraph=True))

@@ -92,7 +92,7 @@ class TextStream:
 
 class ReplayGuard:
     """A streamer seen by a decode that may be restarted (a compiled decode that falls back to eager,
-    :mod:`rpt.compile_guard`): it forwards everything and counts what it forwarded; :meth:`restarted`
+    :mod:`rpt.model_call.compile_guard`): it forwards everything and counts what it forwarded; :meth:`restarted`
     gives the streamer for the rerun, which drops the prompt and the tokens the streamer already has
     (the rerun decodes the same tokens: it starts from the same prompt with the same keyed draws)."""
 

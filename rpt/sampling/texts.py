@@ -37,7 +37,7 @@ class Completion:
 
 def decode_path(compile, stats: dict) -> str:
     """Which decode made a batch: ``"compiled"``, ``"eager"``, or ``"fallback"`` (compiled was asked, and the
-    decode ran eagerly after a compile failure: ``stats["compile_fallback"]``, :mod:`rpt.compile_guard`).
+    decode ran eagerly after a compile failure: ``stats["compile_fallback"]``, :mod:`rpt.model_call.compile_guard`).
     In float32 the three give the same tokens in every test here; in bf16 a kernel may move a near tie,
     so stored completions record it (an evaluation resumed with another ``--compile`` does not reuse them)."""
     if not compile:

@@ -21,13 +21,13 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rpt.metrics import read_metrics
 from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
 from rpt.studies import theory_prediction as tt
 from rpt.studies.controlled_source import Design, SourceFiles, write_source
 from rpt.studies.sec3_errors import theory_curve
+from rpt.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py and configs/ live there
 DEFAULT_OUT = "runs/controlled/controlled.json"

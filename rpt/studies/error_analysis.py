@@ -34,7 +34,7 @@ the sampler's draws against its exact enumeration).
 ``i``, offset row 0) and ``P`` one PTP-1 query per ``b`` (token ``b`` at position ``i + 1``,
 offset row 1 = ``tau - sigma = -1``, seeing only ``x_<i``). All queries of a position run over
 one forward of its context: the context fills a position-addressed KV cache, then many query
-tokens go in a single call (:class:`rpt.queries.ModelQueries`, which owns the mask and checks the
+tokens go in a single call (:class:`rpt.model_call.queries.ModelQueries`, which owns the mask and checks the
 attention implementation), written to scratch columns after the context, each seeing the context
 and itself only. Positions are batched with left padding.
 
@@ -84,7 +84,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, SymmetricalLogLocator
 
-from rpt.queries import ModelQueries, Visibility
+from rpt.model_call.queries import ModelQueries, Visibility
 
 NTP_ROW, PTP1_ROW = 0, 1
 HISTOGRAM_BINS = 50
@@ -146,7 +146,7 @@ class EncodedContexts:
     the scratch columns after them, so each call sees the contexts untouched.
     """
 
-    queries: ModelQueries  # the model on its cache (rpt.queries: the mask format, the attention check)
+    queries: ModelQueries  # the model on its cache (rpt.model_call.queries: the mask format, the attention check)
     width: int  # padded context width
     start: torch.Tensor  # [B] first real column per row
     lengths: torch.Tensor  # [B] context lengths

@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from rpt.benchmarks.generation import load_checkpoint
 from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
-from rpt.model import RPT_CONFIG_NAME, RPT_TABLE_NAME
-from rpt.model_ref import ModelRefError, resolve_model_ref
+from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.model.wrapper import RPT_CONFIG_NAME, RPT_TABLE_NAME
 from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
 from rpt.studies import error_analysis as ea
 

@@ -14,7 +14,7 @@ pair (e.g. RPT's NTP loss minus AR-F's, or RPT's PTP-1 minus its NTP):
 * ``observed_sign``: the sign of the mean when **both** intervals exclude 0, else 0.
 
 Inputs are the per-batch CE sums and target counts the trainer writes after its last evaluation
-(:func:`rpt.training.evaluate`), so every number is a token-weighted mean as the logged losses are.
+(:func:`rpt.training.evaluation.evaluate`), so every number is a token-weighted mean as the logged losses are.
 """
 
 from __future__ import annotations

@@ -1,0 +1,129 @@
+"""Checks run before any work: output paths, trackers and model references of a run.
+
+Each problem is one :class:`~rpt.training.config.ConfigError` (``error: ...``, exit 2) naming the key or
+flag and the fix -- raised before a tokenizer is trained, a model loaded or a token generated,
+so a bad path never costs a run and nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.training.config import ConfigError, TrainConfig
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its closest ancestor that exists."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def check_output_dir(path: str, what: str) -> None:
+    """``path`` is (or can be created as) a writable directory."""
+    existing = _nearest_existing(path)
+    if existing == os.path.abspath(path) and not os.path.isdir(existing):
+        raise ConfigError(f"{what} {path!r} is a file, not a directory; choose another path or move the file")
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{what} {path!r} cannot be created: {existing!r} is a file; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r} is not writable ({existing!r} does not allow writing); choose a "
+                          "directory you can write to")
+
+
+def check_output_file(path: str, what: str) -> None:
+    """``path`` can be written as a file: its directory exists and is writable, and it is no directory."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{what} {path!r} is a directory; give a file name (e.g. {os.path.join(path, 'out.jsonl')})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} does not exist; "
+                          f"create it first (mkdir -p {os.path.dirname(path)})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} is not writable; "
+                          "choose another path")
+
+
+def check_tracker(report_to: str) -> None:
+    """``report_to`` names a tracker whose package is installed (else the run would log nowhere)."""
+    if report_to == "none":
+        return
+    from accelerate.utils import is_tensorboard_available, is_wandb_available
+
+    available = {"tensorboard": is_tensorboard_available, "wandb": is_wandb_available}[report_to]()
+    if not available:
+        package = "tensorboard" if report_to == "tensorboard" else "wandb"
+        raise ConfigError(f"config key 'report_to' = {report_to!r} but the {package} package is not installed; "
+                          f"pip install {package}, or set report_to=none")
+
+
+def model_refs(cfg: TrainConfig) -> list[tuple[str, str, str]]:
+    """``(config key, reference, fix for a missing path)`` of every model reference the run loads."""
+    refs = []
+    if cfg.init_from is not None:
+        refs.append(("init_from", cfg.init_from, "train the run it names first (e.g. `python train.py --config "
+                     "configs/tiny_pretrain.yaml` for configs/tiny_finetune.yaml), or point init_from at an "
+                     "existing checkpoint's final/ directory"))
+    elif isinstance(cfg.model, str):
+        refs.append(("model", cfg.model, "give an existing model directory or a hub id"))
+    if isinstance(cfg.tokenizer, str):
+        refs.append(("tokenizer", cfg.tokenizer, "give an existing tokenizer directory, a hub id, or null for the "
+                     "model's own"))
+    return refs
+
+
+def check_train_inputs(cfg: TrainConfig) -> None:
+    """Everything a run needs that a config's validation cannot see: paths and packages."""
+    check_output_dir(cfg.output_dir, "config key 'output_dir'")
+    check_output_dir(cfg.cache_dir, "config key 'cache_dir'")
+    check_tracker(cfg.report_to)
+    check_model_refs(cfg)
+
+
+def check_model_refs(cfg: TrainConfig) -> None:
+    """``model`` / ``init_from`` / ``tokenizer`` name a directory or a loadable hub id; a local model
+    directory holds a model (``config.json``) and, where the run takes its tokenizer from it, a tokenizer."""
+    for key, ref, hint in model_refs(cfg):
+        try:
+            resolved = resolve_model_ref(ref, f"config key {key!r} =", hint)
+        except ModelRefError as e:
+            raise ConfigError(str(e)) from None
+        if key in ("init_from", "model") and os.path.isdir(resolved):
+            # the run's tokenizer comes from this directory unless named, or taken from a token store
+            _check_model_dir(key, ref, resolved, needs_tokenizer=cfg.tokenizer is None
+                             and not (isinstance(cfg.data, dict) and "tokens" in cfg.data))
+
+
+def _check_model_dir(key: str, ref: str, path: str, needs_tokenizer: bool) -> None:
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        training_state = os.path.isfile(os.path.join(path, "trainer_state.json"))
+        raise ConfigError(f"config key {key!r} = {ref!r} is not a model directory (no config.json)"
+                          + ("; it is a training checkpoint (its state, not a model): give the run's final/ directory, "
+                             "or continue that run with resume=<checkpoint>" if training_state else
+                             "; give a directory save_pretrained wrote (a run's final/)"))
+    if needs_tokenizer and not any(os.path.isfile(os.path.join(path, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(f"config key {key!r} = {ref!r} holds no tokenizer (tokenizer.json), and config key 'tokenizer' "
+                          "is null, so the run would take it from there; set tokenizer to one (an id or a directory)")
+
+
+def check_train_device(flag: str = "--device") -> None:
+    """The device a run was told to use (``train.py --device``, or accelerate's ``ACCELERATE_TORCH_DEVICE``)
+    exists here; a one-process setting, since a launched process takes its own device."""
+    name = os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if not name:
+        return
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise ConfigError(f"{flag} {name!r} names the device of a one-process run, but this is process "
+                          f"{os.environ.get('RANK', '?')} of {os.environ['WORLD_SIZE']}: each launched process takes its "
+                          "own device; leave it out (CUDA_VISIBLE_DEVICES picks the GPUs)")
+    from rpt.devices import check_device  # late: torch, only where a device is named
+
+    try:
+        check_device(name, flag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
