@@ -171,3 +171,14 @@ def test_the_top_of_rpt_holds_packages_and_at_most_six_modules():
     top = [f"rpt.{p.stem}" for p in sorted((ROOT / "rpt").glob("*.py")) if p.name != "__init__.py"]
     shared = [m for m in top if layer_of(m, layers) != len(layers) - 1]
     assert len(shared) <= 6, shared
+
+
+def test_no_package_init_over_80_lines_and_no_module_over_500():
+    """A package's ``__init__`` exports its public names (at most 80 lines), and a module over 500
+    lines is split where it holds more than one idea (none is today; one that is one idea past 500
+    lines would say why in its docstring's first paragraph, and be named here)."""
+    files = module_files(ROOT, "rpt").values()
+    long_inits = {str(p.relative_to(ROOT)): n for p in files if p.name == "__init__.py"
+                  and (n := len(p.read_text().splitlines())) > 80}
+    long_modules = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 500}
+    assert long_inits == {} and long_modules == {}
