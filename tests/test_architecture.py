@@ -182,3 +182,28 @@ def test_no_package_init_over_80_lines_and_no_module_over_500():
                   and (n := len(p.read_text().splitlines())) > 80}
     long_modules = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 500}
     assert long_inits == {} and long_modules == {}
+
+
+MAY_IMPORT = re.compile(r"^\* \*\*`rpt/(\w+)/`\*\* \(may import: ([\w, ]+)\)", re.M)
+
+
+def stated_imports() -> dict[str, set[str]]:
+    """``{package: {what it may import}}`` from design.md's "(may import: ...)" statements."""
+    text = " ".join(DESIGN.read_text().split("\n  "))  # a statement may wrap onto an indented line
+    return {pkg: {name.strip() for name in names.split(",")} for pkg, names in MAY_IMPORT.findall(text)}
+
+
+def package_of(module: str) -> str:
+    """The ``rpt`` package a module is in, or "base" for ``rpt`` itself and the top's modules."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / "rpt" / parts[1]).is_dir()) else "base"
+
+
+def test_every_package_imports_only_what_design_says_it_may(graph):
+    stated = stated_imports()
+    packages = {p.name for p in (ROOT / "rpt").iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(packages - set(stated)) == []  # every package has its statement
+    found = sorted(f"{a} imports {b}" for a, targets in graph.items() for b in targets
+                   if package_of(a) != "base" and package_of(b) != package_of(a)
+                   and package_of(b) not in stated[package_of(a)])
+    assert found == []
