@@ -103,7 +103,6 @@ class Decoder:
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
         self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
-        self._rpt_warm = False  # whether this decode warmed the compiled RPT step (CompiledRPTStep.warm)
         self.steps_past_events = 0  # compiled RPT steps queued after an event (they repeated its column)
         self.queue_depth = 1 << 30  # compiled RPT steps to queue per read (rpt_path: capped per device)
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
@@ -361,20 +360,12 @@ class Decoder:
 
     def common_step(self, m: int) -> Block:
         """RPT's common step at column m (:func:`~rpt.sampling.common_step.common_step`), in place on the
-        state. Compiled (:mod:`rpt.sampling.compiled_rpt`, the step built once per pooled buffers), it
-        carries every lag of the window at every column (:meth:`full_block`) and reads its column from
-        the state, not from m. Returns the call's block."""
+        state. Compiled (:mod:`rpt.sampling.compiled_rpt`), it carries every lag of the window at every
+        column (:attr:`compiled_rpt`) and reads its column from the state, not from m. Returns the call's
+        block."""
         s = self.state
         if self.compile_backend is not None:
-            block = self.full_block()
-            pattern = self.pattern(block)
-            step = self.buffers.steps.get("rpt")
-            if step is None:
-                step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
-            if not self._rpt_warm:
-                step.warm(s, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
-                          self.queries.dtype)
-                self._rpt_warm = True
+            step, block, pattern = self.compiled_rpt
             step(s, self.traced, self.queries, pattern)
             return block
         block = self.common_block(m)
@@ -384,14 +375,20 @@ class Decoder:
         return block
 
     @functools.cached_property
-    def _full_block(self) -> Block:
-        return Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
-
-    def full_block(self) -> Block:
-        """The compiled common step's block at every column: ``x_n``, its NTP logits, and a PTP chain per
-        lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that one graph
-        serves the whole decode."""
-        return self._full_block
+    def compiled_rpt(self) -> tuple[CompiledRPTStep, Block, Pattern]:
+        """The compiled common step (built once per pooled buffers, warmed once per decode:
+        :meth:`CompiledRPTStep.warm`), its block at every column -- ``x_n``, its NTP logits, and a PTP
+        chain per lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that
+        one graph serves the whole decode -- and the block's pattern: looked up once per decode, not per
+        step."""
+        block = Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
+        pattern = self.pattern(block)
+        step = self.buffers.steps.get("rpt")
+        if step is None:
+            step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
+        step.warm(self.state, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
+                  self.queries.dtype)
+        return step, block, pattern
 
     def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
         """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
