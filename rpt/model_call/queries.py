@@ -273,6 +273,11 @@ class ModelQueries:
         themselves) and run the compiled call over the whole cache."""
         q, size = ids.shape[1], bucket(ids.shape[1])
         batch = ids.shape[0]
+        # one graph whether a block was padded or not: zero pads see what no pads see, and a [Q] limit is
+        # every row's (a padded block's is [batch, Q])
+        start = torch.zeros(batch, dtype=torch.long, device=ids.device) if vis.start is None else vis.start
+        limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1).contiguous()
+        vis = Visibility(limit, start, vis.since)
         if size > q:
             extra = size - q
             spare = torch.arange(extra, device=columns.device) + self.capacity - extra
@@ -281,16 +286,10 @@ class ModelQueries:
             positions = torch.cat([positions, positions.new_zeros(batch, extra)], 1)
             if offsets is not None:
                 offsets = torch.cat([offsets, offsets.new_zeros(batch, extra)], 1)
-            limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1)
             since = None if vis.since is None else torch.cat([vis.since, spare])
-            vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), vis.start, since)
+            vis = Visibility(torch.cat([limit, limit.new_full((batch, extra), -1)], 1), start, since)
         if offsets is None and self.takes_offsets:
             offsets = torch.zeros_like(ids)  # one graph for NTP and RPT steps
-        # one graph whether a block was padded or not: zero pads see what no pads see, and a [Q] limit is
-        # every row's (a padded block's is [batch, Q])
-        start = torch.zeros(batch, dtype=torch.long, device=ids.device) if vis.start is None else vis.start
-        limit = vis.limit if vis.limit.dim() == 2 else vis.limit[None].expand(batch, -1).contiguous()
-        vis = Visibility(limit, start, vis.since)
         # an expanded (stride 0) input would compile a second graph for the same shapes
         ids, positions = ids.contiguous(), positions.contiguous()
         offsets = None if offsets is None else offsets.contiguous()
