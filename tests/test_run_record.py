@@ -174,6 +174,11 @@ def test_torn_last_lines_are_dropped_and_train_log_is_rebuilt_to_agree_with_the_
     assert (run / "train.log").read_text().splitlines()[2] == step_line(rows[3], 4)
 
 
+def edit_lines(path, edit) -> None:
+    """Rewrite the text file ``path`` as ``edit(its lines)``, one newline after each."""
+    path.write_text("\n".join(edit(path.read_text().splitlines())) + "\n")
+
+
 def damage(run, case: str) -> tuple[str, str]:
     """Damage one record file of ``run``; returns (file, what the error must say)."""
     metrics, log = run / "metrics.jsonl", run / "train.log"
@@ -181,24 +186,20 @@ def damage(run, case: str) -> tuple[str, str]:
         metrics.write_text("not json\n" + metrics.read_text())
         return "metrics.jsonl", "line 1 is damaged"
     if case == "metrics middle line":
-        rows = metrics.read_text().splitlines()
-        metrics.write_text("\n".join(rows[:2] + [rows[2][:20]] + rows[3:]) + "\n")
+        edit_lines(metrics, lambda rows: rows[:2] + [rows[2][:20]] + rows[3:])
         return "metrics.jsonl", "line 3 is damaged"
     if case == "metrics repeated step":
-        rows = metrics.read_text().splitlines()
-        metrics.write_text("\n".join(rows[:2] + rows[1:]) + "\n")
+        edit_lines(metrics, lambda rows: rows[:2] + rows[1:])
         return "metrics.jsonl", "line 3 is step 2 after step 2"
     if case == "metrics row without a step":
-        rows = metrics.read_text().splitlines()
-        metrics.write_text("\n".join(rows[:1] + ['{"loss": 1.0}'] + rows[1:]) + "\n")
+        edit_lines(metrics, lambda rows: rows[:1] + ['{"loss": 1.0}'] + rows[1:])
         return "metrics.jsonl", "line 2 is damaged"
     if case == "train.log non-UTF-8":
         lines = log.read_bytes().split(b"\n")
         log.write_bytes(b"\n".join(lines[:1] + [b"step 2/4 \xff\xfe loss"] + lines[2:]))
         return "train.log", "line 2 is not UTF-8 text (byte 0xff)"
     if case == "train.log foreign line":
-        lines = log.read_text().splitlines()
-        log.write_text("\n".join(lines[:1] + ["hello"] + lines[1:]) + "\n")
+        edit_lines(log, lambda lines: lines[:1] + ["hello"] + lines[1:])
         return "train.log", "line 2 is damaged"
     if case == "segments damaged middle":
         seg = run / "segments.jsonl"

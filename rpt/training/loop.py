@@ -67,8 +67,9 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     check_backend(accelerator, cfg)
     check_split(cfg, accelerator.num_processes)  # the batch keys against the process count
     main, world, rank = accelerator.is_main_process, accelerator.num_processes, accelerator.process_index
+    deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
     # Before any data, model or file is made: a refused resume costs nothing and rewrites nothing.
-    start = plan_start(cfg, accelerator, deepspeed=getattr(accelerator.state, "deepspeed_plugin", None) is not None)
+    start = plan_start(cfg, accelerator, deepspeed=deepspeed)
     set_seed(cfg.seed)
 
     with accelerator.main_process_first():  # the main process writes tokenizers first
@@ -84,7 +85,6 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg, accelerator.device)
     # Before prepare, which fixes DeepSpeed's micro-batch; the data is built for the split chosen.
-    deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
     split = choose_split(cfg, model, accelerator, deepspeed)
     steps_cfg = dataclasses.replace(cfg, micro_batch_size=split.micro, grad_accum=split.accum)  # the split, as run
     accelerator.gradient_accumulation_steps = split.accum
@@ -104,7 +104,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     if ran != cfg.precision:
         raise ConfigError(f"config key 'precision' is {cfg.precision} but the backend trains in {ran} (the accelerate "
                           f"launch config's mixed_precision or DeepSpeed JSON); make them agree")
-    if main and getattr(accelerator.state, "deepspeed_plugin", None) is not None:
+    if main and deepspeed:
         print(f"DeepSpeed ZeRO-{zero_stage(accelerator)}: {ran}, gradient clipping {model.gradient_clipping()}, "
               f"micro-batch {model.train_micro_batch_size_per_gpu()}, accumulation {model.gradient_accumulation_steps()}")
     peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
@@ -114,7 +114,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
     start_step, start_position = restore(accelerator, steps_cfg, start, train, scheduler, metrics_log)
     run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
-    backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if getattr(accelerator.state, "deepspeed_plugin", None)
+    backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if deepspeed
                else "DDP" if world > 1 else "single process")
     run_log.summary(summary_lines(steps_cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
                                   world=world, backend=backend, train=train, val=val, start_step=start_step,

@@ -201,7 +201,8 @@ class DeviceMemory:
 def searched(share: int, trial: Callable[[int], None], memory, extra: int) -> Split:
     """The split found by trial steps on ``memory``'s device (``extra``: bytes the real step adds to a
     trial's peak -- the optimizer state -- counted against the budget)."""
-    budget = memory.budget() - extra
+    total = memory.budget()  # read once: the figure the search runs against is the one it reports
+    budget = total - extra
     peaks: dict[int, int] = {}
 
     def fits(micro: int) -> None:
@@ -226,7 +227,7 @@ def searched(share: int, trial: Callable[[int], None], memory, extra: int) -> Sp
     micro, tried = search(share, fits, start)
     over = [m for m in tried if m > micro]
     how = (f"searched on {memory.device}: peak {size(peaks[micro])} + optimizer state {size(extra)} of "
-           f"{size(memory.budget())} ({HEADROOM:.0%} of the device kept free)"
+           f"{size(total)} ({HEADROOM:.0%} of the device kept free)"
            + (f"; {', '.join(map(str, over))} did not fit" if over else "")
            + (f"; {share} is the whole share of this process" if micro == share else ""))
     return Split(micro, share // micro, how)

@@ -19,6 +19,7 @@ from rpt.training.config import ConfigError, TrainConfig
 from rpt.training.run_files import check_run_files
 from rpt.training.run_lock import take_run_lock
 from rpt.training.run_record import check_fresh_start, check_resume, check_split_change
+from rpt.training.step import LEGACY_DRAWS
 
 
 @dataclass
@@ -73,7 +74,7 @@ def plan_start(cfg: TrainConfig, accelerator, deepspeed: bool) -> Start:
     state = read_trainer_state(path)
     finished = os.path.isdir(os.path.join(cfg.output_dir, "final")) and state["step"] == state["config"].get("max_steps")
     # checkpoints that do not say how the objective's draws were keyed keyed them per micro-batch
-    changed = check_resume(state["config"], cfg, state["step"], path, finished, state.get("draws", "micro_batch"))
+    changed = check_resume(state["config"], cfg, state["step"], path, finished, state.get("draws", LEGACY_DRAWS))
     check_split_change(path, state, changed, cfg.global_batch(accelerator.num_processes))
     return Start(path, state, changed, verified=value)
 

@@ -37,10 +37,6 @@ CONFIG_RECORD = "config.yaml"
 SEGMENTS = "segments.jsonl"
 
 
-def _fresh_run_hint_text() -> str:
-    return "start a new run (another output_dir) to train with another batch"
-
-
 def _fresh_run_hint(cfg: TrainConfig) -> str:
     return f"to train with other settings start a new run (another output_dir than {cfg.output_dir})"
 
@@ -100,7 +96,7 @@ def check_split_change(where: str, state: dict[str, Any], changed: dict[str, tup
         shown = ", ".join(f"{k} ({changed[k][0]!r} -> {changed[k][1]!r})" for k in split)
         raise ConfigError(f"{where} trained {before} sequences per step; {shown} would make it {global_batch}: a resume "
                           f"may change the split, not the global batch (set global_batch_size={before}), or "
-                          f"{_fresh_run_hint_text()}")
+                          "start a new run (another output_dir) to train with another batch")
 
 
 def read_config_record(output_dir: str) -> dict[str, Any] | None:
