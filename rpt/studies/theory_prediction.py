@@ -30,7 +30,7 @@ from rpt.studies import window_chain as wc
 from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
 from rpt.studies.controlled_source import Design
 from rpt.studies.error_analysis import ETAS  # the same etas as the LM error analysis reports
-from rpt.studies.sec3_errors import eps_ratios, sec3_errors
+from rpt.studies.sec3_errors import eps_ratios, mean_eps, sec3_errors
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -415,9 +415,7 @@ class ThreeLevel:
         marg, nxt = noise((repeats * b, na), -1), noise((repeats * b, na, nb), -1)
         prv = noise((repeats * b, na, nb), 1)  # column b: a law of a
         self.noise = wc.WindowConditionals([marg, nxt], [prv, nxt])
-        unit = sec3_errors(self.noise, self.truth)  # e = 1: every table pure noise
-        self.unit = {"m": float(unit["eps_marginal"].mean()), "c": float(unit["eps_next_avg"].mean()),
-                     "p": float(unit["eps_prev_avg"].mean())}
+        self.unit = mean_eps(sec3_errors(self.noise, self.truth))  # e = 1: every table pure noise
 
     def levels(self, eps: dict[str, float]) -> tuple[dict[str, float], list[str]]:
         """Measured errors ``{"m", "c", "p"}`` -> levels ``e`` (clipped at 1: eq. 33 cannot make a table
