@@ -27,12 +27,12 @@ per-lag scores can reach). Data for ``train.py`` reuse the controlled study's wr
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from rpt.report import write_json
 from rpt.studies.controlled_source import SourceFiles, write_documents, write_tokenizer
 
 
@@ -315,11 +315,8 @@ def write_source(out_dir: str, design: Design) -> SourceFiles:
     write_documents(files.train, sample(params, design, design.train_docs, design.source_seed + 1))
     write_documents(files.validation, sample(params, design, design.val_docs, design.source_seed + 2))
     write_tokenizer(files.tokenizer, design.vocab)
-    meta = {"design": design.to_dict(), "U": params.U.tolist(), "J": params.J.tolist()}
-    tmp = os.path.join(out_dir, f"agreement.json.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(meta, f)
-    os.replace(tmp, meta_path(out_dir))
+    # last and atomic: prepare_source takes the source as cached once this file holds its design
+    write_json(meta_path(out_dir), {"design": design.to_dict(), "U": params.U.tolist(), "J": params.J.tolist()})
     return files
 
 

@@ -22,7 +22,7 @@ from rpt.studies import theory_prediction as tt
 from rpt.studies import window_chain as wc
 from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
 from rpt.studies.model_conditionals import model_conditionals
-from rpt.studies.sec3_errors import sec3_errors
+from rpt.studies.sec3_errors import mean_eps, sec3_errors
 from rpt.studies.seeds import t_interval
 
 # (name, q): q None is the pure-NTP arm (objective ntp). Every arm: w = 2, s = 1, configs/agreement.yaml.
@@ -62,8 +62,7 @@ def evaluate_model(model, truth: dict[str, Truth], design: ag.Design, batch_size
         j0, j1 = wc.joints_by_iters(cond, 1)
         errs = sec3_errors(cond, t.cond)
         out[name] = {"tv": np.stack([wc.tv(j0, t.windows.joint), wc.tv(j1, t.windows.joint)]),
-                     "eps": {"m": float(errs["eps_marginal"].mean()), "c": float(errs["eps_next_avg"].mean()),
-                             "p": float(errs["eps_prev_avg"].mean())},
+                     "eps": mean_eps(errs),
                      "kl": {k: float(errs[f"kl_{k}"].mean()) for k in ("marginal", "next", "prev")}}
     return out
 

@@ -65,6 +65,13 @@ def sec3_errors(model: wc.WindowConditionals, truth: wc.WindowConditionals) -> d
     return out
 
 
+def mean_eps(errors: dict[str, np.ndarray]) -> dict[str, float]:
+    """The errors of eq. 4's three conditionals as means over contexts: ``m`` the NTP marginal, ``c``
+    the NTP conditional and ``p`` the PTP conditional (rows weighted by the true law)."""
+    return {"m": float(errors["eps_marginal"].mean()), "c": float(errors["eps_next_avg"].mean()),
+            "p": float(errors["eps_prev_avg"].mean())}
+
+
 def eps_ratios(errors: dict[str, np.ndarray]) -> dict[str, float]:
     """``eps_p / eps_n`` as ratios of means over contexts: like for like (row-averaged conditionals),
     the paper's max-norms, and PTP against the NTP marginal."""

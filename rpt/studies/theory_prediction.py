@@ -19,7 +19,7 @@ table shrunk toward the truth, ``P_t = P + t (P^ - P)``, its NTP tables kept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from rpt.studies import window_chain as wc
 from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
 from rpt.studies.controlled_source import Design
 from rpt.studies.error_analysis import ETAS  # the same etas as the LM error analysis reports
-from rpt.studies.sec3_errors import eps_ratios, sec3_errors
+from rpt.studies.sec3_errors import eps_ratios, mean_eps, sec3_errors
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -415,9 +415,7 @@ class ThreeLevel:
         marg, nxt = noise((repeats * b, na), -1), noise((repeats * b, na, nb), -1)
         prv = noise((repeats * b, na, nb), 1)  # column b: a law of a
         self.noise = wc.WindowConditionals([marg, nxt], [prv, nxt])
-        unit = sec3_errors(self.noise, self.truth)  # e = 1: every table pure noise
-        self.unit = {"m": float(unit["eps_marginal"].mean()), "c": float(unit["eps_next_avg"].mean()),
-                     "p": float(unit["eps_prev_avg"].mean())}
+        self.unit = mean_eps(sec3_errors(self.noise, self.truth))  # e = 1: every table pure noise
 
     def levels(self, eps: dict[str, float]) -> tuple[dict[str, float], list[str]]:
         """Measured errors ``{"m", "c", "p"}`` -> levels ``e`` (clipped at 1: eq. 33 cannot make a table
@@ -432,31 +430,37 @@ class ThreeLevel:
         prv = (1 - e_p) * t.resample[0] + e_p * n.resample[0]
         return wc.WindowConditionals([p0, nxt], [prv, nxt])
 
-    def _tv1_affine(self, e_m: float, e_c: float) -> tuple[float, np.ndarray, np.ndarray]:
-        """Mean TV_0, and the k = 1 law's error as ``A + e_p D`` (affine in e_p)."""
+    def _tv0_tv1(self, e_m: float, e_c: float) -> tuple[float, Callable[[float], float]]:
+        """Mean TV_0, and mean TV_1 as a function of e_p: the k = 1 law's error is ``A + e_p D`` (affine
+        in e_p), so two eq. 4 sweeps serve every e_p."""
         at0 = self.conditionals(e_m, e_c, 0.0)
         at1 = self.conditionals(e_m, e_c, 1.0)
         j0 = wc.ntp_joint(at0)
         k1_0, k1_1 = wc.rpt_iteration(j0, at0), wc.rpt_iteration(j0, at1)
-        return float(wc.tv(j0, self.joint).mean()), k1_0 - self.joint, k1_1 - k1_0
+        a, d = k1_0 - self.joint, k1_1 - k1_0
+
+        def tv1(e_p: float) -> float:
+            return float(0.5 * np.abs(a + e_p * d).reshape(len(a), -1).sum(axis=1).mean())
+
+        return float(wc.tv(j0, self.joint).mean()), tv1
 
     def predict(self, eps_m: float, eps_c: float, eps_p: float) -> dict:
         """Predicted mean TV_0, TV_1 and TV_1 / TV_0 for a model with these measured errors, and the
         crossover ``eps_p*(eps_m, eps_c)`` its eps_p is compared with."""
         e, saturated = self.levels({"m": eps_m, "c": eps_c, "p": eps_p})
-        tv0, a, d = self._tv1_affine(e["m"], e["c"])
-        tv1 = float(0.5 * np.abs(a + e["p"] * d).reshape(len(a), -1).sum(axis=1).mean())
+        tv0, tv1_at = self._tv0_tv1(e["m"], e["c"])
+        tv1 = tv1_at(e["p"])
         return {"eps": {"m": eps_m, "c": eps_c, "p": eps_p}, "levels": e, "saturated": saturated,
-                "tv0": tv0, "tv1": tv1, "tv1_over_tv0": tv1 / tv0, **self._crossover(tv0, a, d)}
+                "tv0": tv0, "tv1": tv1, "tv1_over_tv0": tv1 / tv0, **self._crossover(tv0, tv1_at)}
 
     def crossover(self, eps_m: float, eps_c: float) -> dict:
         e, _ = self.levels({"m": eps_m, "c": eps_c})
-        return self._crossover(*self._tv1_affine(e["m"], e["c"]))
+        return self._crossover(*self._tv0_tv1(e["m"], e["c"]))
 
-    def _crossover(self, tv0: float, a: np.ndarray, d: np.ndarray, iters: int = 60) -> dict:
+    def _crossover(self, tv0: float, tv1_at: Callable[[float], float], iters: int = 60) -> dict:
         """``eps_p*`` in measured units: ``above_range`` when even a pure-noise PTP (e_p = 1) still helps."""
         def gap(e_p):
-            return float(0.5 * np.abs(a + e_p * d).reshape(len(a), -1).sum(axis=1).mean()) - tv0
+            return tv1_at(e_p) - tv0
 
         if gap(0.0) >= 0.0:
             return {"eps_p_star": 0.0, "above_range": False}
