@@ -10,8 +10,10 @@ resumes), scores every model exactly on 1000 tag-first and 1000 content-first wi
 the true law of the next two tokens and the model's sampled law at k = 0 and k = 1), and writes the
 predictions P1-P4 and the co-primary with their intervals to ``--out`` (.md/.png beside it).
 
-The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration
-is committed and unchanged in git; its sha256 and commit are recorded in the results.
+The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration and
+``configs/agreement.yaml`` hold what was registered, compared by content with the registration commit
+(:mod:`rpt.studies.preregistration`: no uncommitted edit, hidden or not; the registered text unchanged;
+the config's registered fields unchanged, keys added later recorded); the record goes into the results.
 """
 
 from __future__ import annotations

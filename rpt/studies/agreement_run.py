@@ -3,17 +3,16 @@ trained with ``train.py`` (cached per run, so a rerun resumes), every model scor
 predictions summarised, JSON + markdown + figure written atomically.
 
 The official seeds (training seeds 0-4 on source seed 0) run only the registered protocol and only
-once ``docs/agreement_preregistration.md`` is committed and unchanged in git; its sha256 and commit go
-into the results. Development uses another source seed or other training seeds.
+when ``docs/agreement_preregistration.md`` and ``configs/agreement.yaml`` hold what was registered, by
+content (:mod:`rpt.studies.preregistration`); the record (sha256s, registration commit, HEAD, keys added
+to the config since) goes into the results. Development uses another source seed or other training seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,12 +25,19 @@ from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
 from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
 from rpt.studies.controlled_source import SourceFiles
+from rpt.studies.preregistration import NotPreregistered, Registration, check_preregistered
 
 CONFIG = "configs/agreement.yaml"
 PREREGISTRATION = "docs/agreement_preregistration.md"
 OFFICIAL_SOURCE_SEED = 0
 OFFICIAL_SEEDS = (0, 1, 2, 3, 4)
 OFFICIAL_OUT = "docs/agreement.json"
+# The commit that registered the protocol (docs/agreement_preregistration.md): its text is never
+# changed, and the config's registered fields hold (keys added later are recorded in the results).
+REGISTRATION = Registration(
+    PREREGISTRATION, "64396e489cc5e13ed5a517ef10f862a79cbb5f40", (CONFIG,),
+    fix="develop with another --source-seed or other --seeds than the official ones (training seeds 0-4 "
+        "with source seed 0)")
 
 
 class Refused(Exception):
@@ -42,26 +48,14 @@ def is_official(design: ag.Design, seeds: Sequence[int]) -> bool:
     return design.source_seed == OFFICIAL_SOURCE_SEED and any(s in OFFICIAL_SEEDS for s in seeds)
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-
-
-def preregistration(root: Path, path: str = PREREGISTRATION) -> dict:
-    """The committed pre-registration: its sha256 and the last commit that touched it. Raises
-    :class:`Refused` unless the file is tracked and unchanged against HEAD in a git work tree."""
-    fix = (f"commit {path} before the official run, or develop with another --source-seed or other --seeds "
-           f"than the official ones (training seeds 0-4 with source seed 0)")
-    if shutil.which("git") is None:
-        raise Refused(f"the official seeds need {path} committed in git, and git is not installed: {fix}")
-    if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
-        raise Refused(f"the official seeds need {path} committed in git, and {root} is not a git work tree: {fix}")
-    if _git(root, "cat-file", "-e", f"HEAD:{path}").returncode != 0:
-        raise Refused(f"the official seeds need {path} committed, and it is not in HEAD: {fix}")
-    status = _git(root, "status", "--porcelain", "--", path)
-    if status.returncode != 0 or status.stdout.strip():
-        raise Refused(f"the official seeds need {path} committed, and it has uncommitted changes: {fix}")
-    commit = _git(root, "log", "-1", "--format=%H", "--", path).stdout.strip()
-    return {"path": path, "sha256": hashlib.sha256((root / path).read_bytes()).hexdigest(), "commit": commit}
+def preregistration(root: Path, registration: Registration | None = None) -> dict:
+    """The record of the registered protocol (:func:`rpt.studies.preregistration.check_preregistered`
+    on :data:`REGISTRATION`): raises :class:`Refused` on any difference in the pre-registration or the
+    config from what was registered."""
+    try:
+        return check_preregistered(root, registration or REGISTRATION)
+    except NotPreregistered as e:
+        raise Refused(str(e)) from None
 
 
 def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -> None:
@@ -166,11 +160,17 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
     return summary
 
 
+def _added(reg: dict) -> str:
+    added = {f"{path}: {key}": v for path, p in reg.get("protocol", {}).items()
+             for key, v in p["added_after_registration"].items()}
+    return "; added to the config after the registration: " + ", ".join(f"{k} = {v}" for k, v in added.items()) if added else ""
+
+
 def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     p = summary["predictions"]
     reg = summary.get("preregistration")
     notes = ("Official run of the pre-registered protocol "
-             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}). " if reg else
+             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}{_added(reg)}). " if reg else
              "Development run (not the official seeds): not a result. ") + (
         f"{summary['metric']}. Seeds {summary['seeds']}, {summary['steps']} steps. "
         f"P2 {'held' if p['P2']['held'] else 'failed'}, co-primary {'held' if p['co_primary']['held'] else 'failed'}, "
