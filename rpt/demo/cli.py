@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from rpt import owned_dirs
 from rpt.demo.evaluation_stages import evaluations, run_eval, start_theory_test
 from rpt.demo.report import build_report
 from rpt.demo.stages import Stages, side_by_side
@@ -72,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(args.finetune_seeds)) != len(args.finetune_seeds):
         ap.error(f"--finetune-seeds {' '.join(map(str, args.finetune_seeds))} repeats a seed: give distinct seeds")
     out = Path(args.out)
+    try:
+        owned_dirs.claim(out, "demo")  # never writes into (or later rewrites) a directory of someone else's
+    except owned_dirs.ForeignDirectory as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     stages = Stages(out)
     t0 = time.perf_counter()
 

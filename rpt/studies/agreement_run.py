@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rpt import owned_dirs
 from rpt.report import save_figure, sibling, write_json, write_markdown
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
@@ -32,6 +32,7 @@ PREREGISTRATION = "docs/agreement_preregistration.md"
 OFFICIAL_SOURCE_SEED = 0
 OFFICIAL_SEEDS = (0, 1, 2, 3, 4)
 OFFICIAL_OUT = "docs/agreement.json"
+OWNER = "agreement study"  # names the writer in rpt.owned_dirs' markers and refusals
 # The commit that registered the protocol (docs/agreement_preregistration.md): its text is never
 # changed, and the config's registered fields hold (keys added later are recorded in the results).
 REGISTRATION = Registration(
@@ -66,18 +67,36 @@ def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -
                       "another --source-seed or other --seeds")
 
 
+def _source_cached(files: SourceFiles, design: ag.Design) -> bool:
+    meta = Path(ag.meta_path(files.dir))
+    return meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict()
+
+
+def _stale_runs(work: Path) -> list[Path]:
+    return [run for arm, _ in study.ARMS for run in work.glob(f"{arm}_s*") if run.is_dir()]
+
+
+def check_work(work: Path, design: ag.Design, planned: Sequence[TrainJob]) -> None:
+    """Every directory the study would delete or rewrite under ``work`` is its own (marked) or empty:
+    raises :class:`Refused` before any work otherwise (:mod:`rpt.owned_dirs`)."""
+    files = SourceFiles(str(work / "source"))
+    doomed = [] if _source_cached(files, design) else [Path(files.dir), *_stale_runs(work)]
+    try:
+        owned_dirs.check([*doomed, *(job.run_dir for job in planned if not job.cached())], OWNER, "delete")
+    except owned_dirs.ForeignDirectory as e:
+        raise Refused(str(e)) from None
+
+
 def prepare_source(work: Path, design: ag.Design) -> SourceFiles:
     """The source under ``work/source`` (cached). Written anew when its design changed, and then the
-    runs trained on the old samples are removed with it."""
+    runs trained on the old samples are removed with it (only directories the study wrote)."""
     files = SourceFiles(str(work / "source"))
-    meta = Path(ag.meta_path(files.dir))
-    if meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict():
+    if _source_cached(files, design):
         print(f"[agreement] source {files.dir}: cached", flush=True)
         return files
-    shutil.rmtree(files.dir, ignore_errors=True)
-    for arm, _ in study.ARMS:
-        for run in work.glob(f"{arm}_s*"):
-            shutil.rmtree(run, ignore_errors=True)
+    for run in _stale_runs(work):
+        owned_dirs.remove(run, OWNER)
+    owned_dirs.fresh(files.dir, OWNER)
     return ag.write_source(files.dir, design)
 
 
@@ -134,13 +153,17 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
         check_protocol(design, seeds, steps)
         prereg = preregistration(root or ROOT)
     t0 = time.perf_counter()
-    files = prepare_source(work, design)
-    planned = jobs(work, files, seeds, steps)
+    planned = jobs(work, SourceFiles(str(work / "source")), seeds, steps)
     todo = [job for *_, job in planned]
+    check_work(work, design, todo)
+    files = prepare_source(work, design)
     if train is None:
-        run_jobs(todo, parallel)  # skips (and reports) the cached runs itself
+        run_jobs(todo, parallel, OWNER)  # skips (and reports) the cached runs itself
     else:
-        train([j for j in todo if not j.cached()])
+        fresh = [j for j in todo if not j.cached()]
+        for job in fresh:
+            owned_dirs.fresh(job.run_dir, OWNER)
+        train(fresh)
     t1 = time.perf_counter()
     params = ag.make_params(design)
     truth = study.truth_for(design, params)
