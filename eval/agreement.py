@@ -26,11 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rpt.report import out_problem  # noqa: E402
 from rpt.studies import agreement_run as runner  # noqa: E402
+from rpt.training.config import OneLineArgumentParser  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(runner.OFFICIAL_SEEDS), help="training seeds")
     parser.add_argument("--source-seed", type=int, default=None, help="the source's parameters (default 0, official)")
     parser.add_argument("--steps", type=int, default=None, help="override the config's max_steps (development)")
@@ -45,19 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        design = runner.design_from_args(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = runner.argument_problem(args)  # every argument, before any source is written or model trained
+    if problem is None:
+        try:
+            design = runner.design_from_args(args)
+        except ValueError as e:
+            problem = str(e)
+    if problem is None:
+        work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
+        official = runner.is_official(design, args.seeds)
+        out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
+        problem = out_problem(out, (".md", ".png"))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.contexts is not None and args.contexts < 2:
-        print("error: --contexts must be at least 2", file=sys.stderr)
-        return 2
-    work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
-    official = runner.is_official(design, args.seeds)
-    out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
     try:
-        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=max(1, args.parallel))
+        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=args.parallel)
     except runner.Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

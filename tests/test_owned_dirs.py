@@ -3,6 +3,7 @@ work directory survive, and the refusal is one line, before any work."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -100,3 +101,34 @@ def test_demo_refuses_a_foreign_output_directory(tmp_path, capsys):
     assert cli.main(["--out", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
+@pytest.mark.parametrize("argv,flag", [(["--source-seed", "-1"], "--source-seed -1"), (["--steps", "0"], "--steps 0"),
+                                       (["--steps", "-5"], "--steps -5"), (["--contexts", "1"], "--contexts 1"),
+                                       (["--train-docs", "0"], "--train-docs 0"), (["--parallel", "0"], "--parallel 0"),
+                                       (["--seeds", "-2"], "--seeds -2"), (["--seeds", "7", "7"], "repeats a seed"),
+                                       (["--steps", "x"], "invalid int value")])
+def test_agreement_arguments_checked_before_any_work(tmp_path, capsys, argv, flag):
+    script = load_script("eval/agreement.py")
+    work = tmp_path / "work"
+    with pytest.raises(SystemExit) if "x" in argv else contextlib.nullcontext():
+        assert script.main(["--source-seed", "3", "--seeds", "9", *argv, "--work", str(work), "--out",
+                            str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0] and not work.exists()
+
+
+def test_agreement_out_naming_a_folder_refused_before_any_work(tmp_path, capsys):
+    script = load_script("eval/agreement.py")
+    (tmp_path / "results").mkdir()
+    for out in (tmp_path / "results", tmp_path / "r.json"):
+        if out.suffix:
+            (tmp_path / "r.md").mkdir()  # a sibling the report writes, taken by a folder
+        assert script.main(["--source-seed", "3", "--seeds", "9", "--steps", "1", "--work", str(tmp_path / "work"),
+                            "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is a folder" in err[0] and not (tmp_path / "work").exists()
+    with pytest.raises(runner.Refused, match="at least 1 step"):
+        runner.run(dataclasses.replace(ag.Design(), source_seed=3), [9], tmp_path / "work", steps=0)
+    assert not (tmp_path / "work").exists()
+

@@ -104,7 +104,7 @@ def jobs(work: Path, files: SourceFiles, seeds: Sequence[int], steps: int | None
     """One from-scratch run per (arm, seed), seed-major (a cut-short study still has every arm once);
     the seed sets the data order, so arms with the same seed index see the same batches."""
     base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
-            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps else [])]
+            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps is not None else [])]
     extra = {arm: (["objective=ntp"] if q is None else [f"q={q}"]) for arm, q in study.ARMS}
     return [(arm, s, TrainJob(CONFIG, work / f"{arm}_s{s}", [*base, *extra[arm], f"seed={s}"]))
             for s in seeds for arm, _ in study.ARMS]
@@ -148,6 +148,8 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
         root: Path | None = None) -> dict:
     """The whole study; ``train`` runs the not-yet-cached jobs (default: ``train.py`` processes,
     ``parallel`` at a time, one thread each). Raises :class:`Refused` before any work when refused."""
+    if steps is not None and steps < 1:
+        raise Refused(f"steps {steps}: a run trains at least 1 step (None: the config's {config_steps(CONFIG)})")
     prereg = None
     if is_official(design, seeds):
         check_protocol(design, seeds, steps)
@@ -202,6 +204,21 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     return [write_json(out, summary),
             write_markdown(sibling(out, ".md"), "Where RPT wins: the agreement-pairs study", study.markdown_tables(summary), notes),
             save_figure(study.plot(summary), sibling(out, ".png"))]
+
+
+def argument_problem(args) -> str | None:
+    """Why the command's arguments cannot run, or None: checked before any work."""
+    least = {"--source-seed": (args.source_seed, 0), "--steps": (args.steps, 1), "--contexts": (args.contexts, 2),
+             "--train-docs": (args.train_docs, 1), "--parallel": (args.parallel, 1)}
+    for flag, (value, low) in least.items():
+        if value is not None and value < low:
+            return f"{flag} {value}: must be at least {low} (or leave it out for the registered value)"
+    bad = [s for s in args.seeds if s < 0]
+    if bad:
+        return f"--seeds {' '.join(map(str, bad))}: training seeds are non-negative integers"
+    if len(set(args.seeds)) != len(args.seeds):
+        return f"--seeds {' '.join(map(str, args.seeds))} repeats a seed: give distinct seeds"
+    return None
 
 
 def design_from_args(args) -> ag.Design:
