@@ -50,6 +50,7 @@ from rpt.training.step import (
     choose_split,
     make_batch,
     split_record,
+    stop_if_lock_lost,
     stop_if_not_finite,
     train_step,
 )
@@ -148,6 +149,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         saves = step % cfg.save_every == 0 or step == cfg.max_steps
         if logs or evals or saves:  # the check's one host read, where a result of the step would be kept
             stop_if_not_finite(accelerator, meter, cfg, bar)
+            stop_if_lock_lost(accelerator, cfg, step, bar)  # one read of run.lock: still this trainer's?
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         speed.add(global_batch * cfg.seq_len)
@@ -183,6 +185,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
             speed.restart()
     bar.close()
 
+    stop_if_lock_lost(accelerator, cfg, cfg.max_steps)
     save_final(accelerator, model, tokenizer, cfg)
     replicas = replica_report(accelerator, model)
     if main:
