@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from rpt.checkpoint.directories import write_json_atomic
 from rpt.data import build_packed, build_tokenizer
+from rpt.data.build import check_vocabulary
 from rpt.model.lora import parameter_line
 from rpt.training.build import (
     build_model,
@@ -96,6 +97,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # the tokens a data_position is a place in (a stream has no key); a resume over other tokens is refused
     data_key = train.data_key() if hasattr(train, "data_key") else None
     check_same_data(start, data_key, train)
+    check_vocabulary(model.lm.get_input_embeddings().num_embeddings, train, val)  # before the first step
     configure_deepspeed(accelerator, steps_cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
@@ -181,7 +183,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         if saves:
             save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(),
-                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {})})
+                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {}),
+                             **({"data_files": train.stamps()} if hasattr(train, "stamps") else {})})
             speed.restart()
     bar.close()
 
