@@ -17,7 +17,7 @@ from rpt.training.metrics import read_metrics
 from rpt.training.run_lock import LOCK_NAME
 from rpt.training.saving import write_failure, written_whole
 from tests.inprocess_train import one_error_line, train_main
-from tests.train_helpers import write_config
+from tests.train_helpers import write_config as _write_config
 
 DISK_FULL = [
     pytest.param(lambda: OSError(errno.ENOSPC, "No space left on device"), id="oserror"),
@@ -31,7 +31,17 @@ DISK_FULL = [
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))  # one trained tokenizer and token store for the module
+    return str(tmp_path_factory.mktemp("cache"))  # one token store for the module
+
+
+def write_config(tmp_path, **overrides) -> str:
+    """The micro config on a few stdlib files with a tokenizer trained once (seconds saved per module)."""
+    from tests.tiny_models import tiny_tokenizer
+
+    tokenizer = tmp_path.parent / "tokenizer"
+    if not tokenizer.exists():
+        tiny_tokenizer().save_pretrained(tokenizer)
+    return _write_config(tmp_path, tokenizer=str(tokenizer), data={"stdlib": {"max_files": 4}}, **overrides)
 
 
 @pytest.mark.parametrize("error", DISK_FULL)
