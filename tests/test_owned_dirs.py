@@ -132,3 +132,12 @@ def test_agreement_out_naming_a_folder_refused_before_any_work(tmp_path, capsys)
         runner.run(dataclasses.replace(ag.Design(), source_seed=3), [9], tmp_path / "work", steps=0)
     assert not (tmp_path / "work").exists()
 
+
+
+@pytest.mark.parametrize("flag", ["--pretrain-steps", "--finetune-steps", "--theory-steps", "--humaneval-limit"])
+def test_demo_refuses_step_counts_below_one_before_any_work(tmp_path, capsys, flag):
+    from rpt.demo import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--out", str(tmp_path / "demo"), flag, "0"])
+    assert f"{flag} 0: must be at least 1" in capsys.readouterr().err and not (tmp_path / "demo").exists()
