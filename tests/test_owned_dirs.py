@@ -1,4 +1,4 @@
-"""Studies never delete or reuse a directory they did not write (rpt.owned_dirs): a user's files in the
+"""Studies never delete or reuse a directory they did not write (rpt.studies.owned_dirs): a user's files in the
 work directory survive, and the refusal is one line, before any work."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rpt import owned_dirs
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_run as runner
-from rpt.studies import controlled_run
+from rpt.studies import controlled_run, owned_dirs
 from tests.scripts import load_script
 
 

@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-from rpt import owned_dirs
 from rpt.demo.evaluation_stages import evaluations, run_eval, start_theory_test
 from rpt.demo.report import build_report
 from rpt.demo.stages import Stages, side_by_side
@@ -47,6 +46,7 @@ from rpt.demo.training_stages import (
     train_result,
     train_stage,
 )
+from rpt.studies import owned_dirs
 from rpt.studies.seeds import seed_study
 
 

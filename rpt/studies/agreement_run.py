@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rpt import owned_dirs
 from rpt.report import save_figure, sibling, write_json, write_markdown
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
+from rpt.studies import owned_dirs
 from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
 from rpt.studies.controlled_source import SourceFiles
 from rpt.studies.preregistration import NotPreregistered, Registration, check_preregistered
@@ -32,7 +32,7 @@ PREREGISTRATION = "docs/agreement_preregistration.md"
 OFFICIAL_SOURCE_SEED = 0
 OFFICIAL_SEEDS = (0, 1, 2, 3, 4)
 OFFICIAL_OUT = "docs/agreement.json"
-OWNER = "agreement study"  # names the writer in rpt.owned_dirs' markers and refusals
+OWNER = "agreement study"  # names the writer in rpt.studies.owned_dirs' markers and refusals
 # The commit that registered the protocol (docs/agreement_preregistration.md): its text is never
 # changed, and the config's registered fields hold (keys added later are recorded in the results).
 REGISTRATION = Registration(
@@ -78,7 +78,7 @@ def _stale_runs(work: Path) -> list[Path]:
 
 def check_work(work: Path, design: ag.Design, planned: Sequence[TrainJob]) -> None:
     """Every directory the study would delete or rewrite under ``work`` is its own (marked) or empty:
-    raises :class:`Refused` before any work otherwise (:mod:`rpt.owned_dirs`)."""
+    raises :class:`Refused` before any work otherwise (:mod:`rpt.studies.owned_dirs`)."""
     files = SourceFiles(str(work / "source"))
     doomed = [] if _source_cached(files, design) else [Path(files.dir), *_stale_runs(work)]
     try:

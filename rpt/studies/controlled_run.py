@@ -20,10 +20,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rpt import owned_dirs
 from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
+from rpt.studies import owned_dirs
 from rpt.studies import theory_prediction as tt
 from rpt.studies.controlled_source import Design, SourceFiles, write_source
 from rpt.studies.sec3_errors import theory_curve
@@ -36,7 +36,7 @@ FINETUNE_CONFIG = "configs/controlled_finetune.yaml"
 SWEEP_CONFIG = "configs/controlled_sweep.yaml"
 SWEEP_QS = (0.05, 0.1, 0.3, 0.6, 1.0)
 SWEEP_OUT = "docs/theory_test.json"
-OWNER = "controlled study"  # names the writer in rpt.owned_dirs' markers and refusals
+OWNER = "controlled study"  # names the writer in rpt.studies.owned_dirs' markers and refusals
 
 
 class TrainJob(NamedTuple):
