@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         official = runner.is_official(design, args.seeds)
         out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
         problem = out_problem(out, (".md", ".png"))
+        if problem is None and (work.exists() or work.is_symlink()) and not work.is_dir():
+            problem = f"--work {work} is a file; name a directory for the source and the runs"
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -140,3 +140,14 @@ def test_demo_refuses_step_counts_below_one_before_any_work(tmp_path, capsys, fl
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path / "demo"), flag, "0"])
     assert f"{flag} 0: must be at least 1" in capsys.readouterr().err and not (tmp_path / "demo").exists()
+
+
+def test_a_work_path_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "work").write_text("a file")
+    agreement, controlled = load_script("eval/agreement.py"), load_script("eval/controlled.py")
+    assert agreement.main(["--source-seed", "3", "--seeds", "9", "--work", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "o.json")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert controlled.main(["--sweep", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file" in err[0] and (tmp_path / "work").read_text() == "a file"

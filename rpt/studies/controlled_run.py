@@ -269,6 +269,9 @@ def run_controlled(args: argparse.Namespace) -> int:
         return 2
     steps = [s for s in (args.pretrain_steps, args.finetune_steps, args.sweep_steps) if s is not None]
     problem = out_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, (".md", ".png"))
+    work = Path(args.work)
+    if problem is None and args.sweep and (work.exists() or work.is_symlink()) and not work.is_dir():
+        problem = f"--work {work} is a file; name a directory for the sweep's source and runs"
     if problem is None and (args.parallel < 1 or (args.threads is not None and args.threads < 1) or min(steps, default=1) < 1):
         problem = "need --parallel >= 1, --threads >= 1 and step counts >= 1"
     if problem is not None:  # before a source is written or a model trained
