@@ -284,8 +284,13 @@ def test_stored_generations_follow_the_hub_snapshot_the_cache_holds(scripts, ckp
             "--rpt-iters", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "g.json")]
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2  # the same snapshot: resumed
+    from rpt.studies.error_analysis_run import checkpoint_fingerprint
+
+    first = checkpoint_fingerprint("org/tiny-rpt")  # the error analysis's resume key follows the snapshot too
+    assert first == checkpoint_fingerprint("org/tiny-rpt") and "a" * 40 in first[0]
     publish("b" * 40, 3.0)
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 4  # another snapshot: generated anew
+    assert checkpoint_fingerprint("org/tiny-rpt") != first
     assert sweep.hub_snapshot(str(tmp_path / "nowhere")) is None and sweep.hub_snapshot("not a repo id!") is None
 
 

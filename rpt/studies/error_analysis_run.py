@@ -77,8 +77,14 @@ def tokenise(texts: list[str], tokenizer) -> list[list[int]]:
 
 def checkpoint_fingerprint(path: str) -> list:
     """Path, names, sizes and mtimes of the weight files: a retrained checkpoint in the same
-    directory must not reuse stale results."""
-    root = Path(path).resolve()
+    directory must not reuse stale results. A hub id is the snapshot the local cache resolves it to
+    (its directory names the commit): a model updated in the cache does not reuse the old one's."""
+    from rpt.benchmarks.sweep import hub_snapshot
+
+    local = Path(path).expanduser()
+    root = (local if local.is_dir() else Path(hub_snapshot(path) or local)).resolve()
+    if not root.is_dir():
+        return [path]
     files = sorted(f for f in root.iterdir() if f.suffix == ".safetensors" or f.name.endswith("config.json"))
     files += [f for f in [root / RPT_TABLE_NAME] if f.is_file()]  # the offset table, in its subfolder
     return [str(root)] + [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
