@@ -283,12 +283,15 @@ def test_stored_generations_follow_the_hub_snapshot_the_cache_holds(scripts, ckp
     argv = ["--checkpoint", "org/tiny-rpt", "--data", str(DATA / "test.jsonl"), "--limit", "2", "--shots", "1",
             "--rpt-iters", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "g.json")]
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2
-    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2  # the same snapshot: resumed
+    model = RPTForCausalLM.from_pretrained(str(repo / "snapshots" / ("a" * 40)))
+    key = sweep.weights_fingerprint("org/tiny-rpt", model)
+    assert sweep.weights_fingerprint("org/tiny-rpt", model) == key  # the same snapshot: the same key, resumed
     from rpt.studies.error_analysis_run import checkpoint_fingerprint
 
     first = checkpoint_fingerprint("org/tiny-rpt")  # the error analysis's resume key follows the snapshot too
     assert first == checkpoint_fingerprint("org/tiny-rpt") and "a" * 40 in first[0]
     publish("b" * 40, 3.0)
+    assert sweep.weights_fingerprint("org/tiny-rpt", model) != key
     assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 4  # another snapshot: generated anew
     assert checkpoint_fingerprint("org/tiny-rpt") != first
     assert sweep.hub_snapshot(str(tmp_path / "nowhere")) is None and sweep.hub_snapshot("not a repo id!") is None

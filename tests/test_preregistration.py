@@ -57,10 +57,12 @@ def test_clean_registration_is_recorded(repo):
     assert record["sha256"] == hashlib.sha256(b"P1: the gain is negative\n").hexdigest()
 
 
-@pytest.mark.parametrize("hide", ["--assume-unchanged", "--skip-worktree", None])
-@pytest.mark.parametrize("path,edit", [(DOC, "P1: the gain is positive\n"),
-                                       (CONFIG, CONFIG_TEXT.replace("3.0e-3", "1.0e-2")),
-                                       (CONFIG, CONFIG_TEXT + "label_smoothing: 0.1\n")])
+@pytest.mark.parametrize("hide,path,edit", [
+    ("--assume-unchanged", DOC, "P1: the gain is positive\n"),  # the seen cases
+    (None, CONFIG, CONFIG_TEXT.replace("3.0e-3", "1.0e-2")),
+    ("--skip-worktree", CONFIG, CONFIG_TEXT.replace("3.0e-3", "1.0e-2")),  # their class: any hiding, any edit
+    ("--assume-unchanged", CONFIG, CONFIG_TEXT + "label_smoothing: 0.1\n"),
+    (None, DOC, "P1: the gain is negative\n\n")])
 def test_uncommitted_edits_are_refused_even_hidden_from_git_status(repo, hide, path, edit):
     root, reg = repo
     (root / path).write_text(edit)

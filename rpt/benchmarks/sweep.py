@@ -106,7 +106,8 @@ def weights_fingerprint(checkpoint: str, model) -> str:
     if not os.path.isdir(path):
         snapshot = hub_snapshot(checkpoint)
         commit = getattr(getattr(model, "config", None), "_commit_hash", None)  # the one transformers loaded
-        if snapshot is None and commit is None:
+        if snapshot is not None and commit and os.path.basename(snapshot) != commit:
+            snapshot = os.path.join(os.path.dirname(snapshot), commit)  # that commit's files, not the newer ones        if snapshot is None and commit is None:
             parts.append(f"unresolved:{uuid.uuid4().hex}")  # weights not known by content: never reused
         else:
             parts.append(f"commit:{commit or os.path.basename(snapshot)}")
