@@ -29,6 +29,12 @@ import tempfile
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rpt.studies import owned_dirs  # noqa: E402
+
+OWNER = "data-memory benchmark"  # names the writer of the cache directories it deletes between runs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -101,13 +107,13 @@ def measure(workdir: str, tokens: int, scale: int, num_procs: list[int]) -> dict
         cfg = config(workdir, corpus, tok_path, name)
         row: dict = {"approx_tokens": approx, "corpus_mb": os.path.getsize(corpus) / 2**20}
         for n in num_procs:
-            shutil.rmtree(os.path.join(workdir, f"cache-{name}"), ignore_errors=True)
+            owned_dirs.fresh(os.path.join(workdir, f"cache-{name}"), OWNER)  # only a cache this script made
             rss, out = peak_rss_mb([sys.executable, "prepare_data.py", "--config", cfg, "--num-proc", str(n), "--split", "train"])
             store = next(line for line in out.splitlines() if line.startswith("train:"))
             tps = float(store.split(" at ")[1].split(" tokens/s")[0].replace(",", ""))
             row[f"prepare_{n}"] = {"peak_mb": rss, "tokens_per_s": tps}
             row["tokens"] = int(store.split("train: ")[1].split(" tokens")[0].replace(",", ""))
-        shutil.rmtree(os.path.join(workdir, f"cache-{name}"), ignore_errors=True)
+        owned_dirs.fresh(os.path.join(workdir, f"cache-{name}"), OWNER)
         rss, _ = peak_rss_mb([sys.executable, "train.py", "--config", cfg])
         row["train_peak_mb"] = rss
         results[name] = row
@@ -120,7 +126,7 @@ def throughput(workdir: str, num_procs: list[int], repeats: int) -> dict[int, li
     rates: dict[int, list[float]] = {n: [] for n in num_procs}
     for r in range(repeats):
         for n in num_procs if r % 2 == 0 else list(reversed(num_procs)):
-            shutil.rmtree(os.path.join(workdir, "cache-large"), ignore_errors=True)
+            owned_dirs.fresh(os.path.join(workdir, "cache-large"), OWNER)
             _, out = peak_rss_mb([sys.executable, "prepare_data.py", "--config", cfg, "--num-proc", str(n), "--split", "train"])
             line = next(line for line in out.splitlines() if line.startswith("train:"))
             rates[n].append(float(line.split(" at ")[1].split(" tokens/s")[0].replace(",", "")))
@@ -148,6 +154,10 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="default: a temporary directory, removed afterwards")
     args = ap.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="rpt-data-memory-")
+    problem = next(filter(None, (owned_dirs.problem(os.path.join(workdir, f"cache-{n}"), OWNER, "delete")
+                                 for n in ("small", "large"))), None)
+    if problem:  # before any corpus is written
+        sys.exit(f"error: {problem}")
     try:
         print(report(measure(workdir, args.tokens, args.scale, args.num_proc), args.num_proc))
         if args.repeats:

@@ -11,6 +11,8 @@ resumes; a token store of ``--shards`` shard files; a corpus of ``--files`` text
 * ``take_run_lock`` + ``release_run_lock`` -- the output directory's lock (rpt/training/run_lock.py);
 * ``TokenStore(path)`` -- index.json checked, one ``stat`` per shard (rpt/data/token_store.py);
 * ``content_fingerprint`` -- one ``stat`` per corpus file, the key of a cached store;
+* ``TokenStore.check_unchanged`` -- a resume's check of the shards against its checkpoint's stamps:
+  nothing changed (one ``stat`` per shard), and one shard rewritten (that shard hashed);
 * ``TokenStore.verify`` -- the full read on request (``prepare_data.py --verify``), in MB/s.
 """
 
@@ -108,6 +110,14 @@ def main() -> None:
             (f"TokenStore(): index + {args.shards:,} shards stat-ed", best(lambda: TokenStore(path), args.repeats)),
             (f"content_fingerprint: {args.files:,} corpus files", best(lambda: content_fingerprint(source), args.repeats)),
         ]
+        stamps = opened.stamps()
+        stamps["at_ns"] += 20 * 10**9  # recorded 20 s after the store was written: no stamp is racy
+        results.append((f"check_unchanged (resume): {args.shards:,} shards, none changed",
+                        best(lambda: opened.check_unchanged(stamps, "the checkpoint"), args.repeats)))
+        os.utime(opened.files[0])  # a new ctime: that shard is hashed (its bytes are the same)
+        results.append((f"check_unchanged (resume): 1 of {args.shards:,} shards touched, "
+                        f"{args.shard_tokens * 2 / 1e6:.2f} MB hashed",
+                        best(lambda: opened.check_unchanged(stamps, "the checkpoint"), args.repeats)))
         for what, seconds in results:
             print(f"{what:<70} {seconds * 1000:9.1f} ms")
         seconds = best(opened.verify, 1)

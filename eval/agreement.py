@@ -10,8 +10,10 @@ resumes), scores every model exactly on 1000 tag-first and 1000 content-first wi
 the true law of the next two tokens and the model's sampled law at k = 0 and k = 1), and writes the
 predictions P1-P4 and the co-primary with their intervals to ``--out`` (.md/.png beside it).
 
-The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration
-is committed and unchanged in git; its sha256 and commit are recorded in the results.
+The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration and
+``configs/agreement.yaml`` hold what was registered, compared by content with the registration commit
+(:mod:`rpt.studies.preregistration`: no uncommitted edit, hidden or not; the registered text unchanged;
+the config's registered fields unchanged, keys added later recorded); the record goes into the results.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from rpt.report import out_problem  # noqa: E402
 from rpt.studies import agreement_run as runner  # noqa: E402
+from rpt.training.config import OneLineArgumentParser  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(runner.OFFICIAL_SEEDS), help="training seeds")
     parser.add_argument("--source-seed", type=int, default=None, help="the source's parameters (default 0, official)")
     parser.add_argument("--steps", type=int, default=None, help="override the config's max_steps (development)")
@@ -43,19 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        design = runner.design_from_args(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    problem = runner.argument_problem(args)  # every argument, before any source is written or model trained
+    if problem is None:
+        try:
+            design = runner.design_from_args(args)
+        except ValueError as e:
+            problem = str(e)
+    if problem is None:
+        work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
+        official = runner.is_official(design, args.seeds)
+        out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
+        problem = out_problem(out, (".md", ".png"))
+        if problem is None and (work.exists() or work.is_symlink()) and not work.is_dir():
+            problem = f"--work {work} is a file; name a directory for the source and the runs"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.contexts is not None and args.contexts < 2:
-        print("error: --contexts must be at least 2", file=sys.stderr)
-        return 2
-    work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
-    official = runner.is_official(design, args.seeds)
-    out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
     try:
-        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=max(1, args.parallel))
+        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=args.parallel)
     except runner.Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

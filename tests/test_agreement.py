@@ -223,10 +223,11 @@ def _git(root: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
 
 
-def test_official_seeds_refused_without_a_committed_preregistration(tmp_path, monkeypatch, capsys):
+def test_official_seeds_refused_without_the_registered_protocol(tmp_path, monkeypatch, capsys):
     script = load_script("eval/agreement.py")
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
+    (repo / "configs").mkdir()
     official = ag.Design()
     seeds = list(runner.OFFICIAL_SEEDS)
 
@@ -238,20 +239,24 @@ def test_official_seeds_refused_without_a_committed_preregistration(tmp_path, mo
 
     assert "not a git work tree" in refused(repo)
     _git(repo, "init", "-q")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root")
-    assert "not in HEAD" in refused(repo)
-    doc = repo / runner.PREREGISTRATION
+    doc, config = repo / runner.PREREGISTRATION, repo / runner.CONFIG
     doc.write_text("predictions\n")
-    assert "not in HEAD" in refused(repo)
-    _git(repo, "add", runner.PREREGISTRATION)
+    config.write_text((runner.ROOT / runner.CONFIG).read_text())
+    _git(repo, "add", "-A")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "prereg")
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert "registration commit is not in this repository" in refused(repo)
+    monkeypatch.setattr(runner, "REGISTRATION", dataclasses.replace(runner.REGISTRATION, commit=commit))
     record = runner.preregistration(repo)
-    assert record["commit"] and record["sha256"] == __import__("hashlib").sha256(b"predictions\n").hexdigest()
+    assert record["commit"] == commit and record["sha256"] == __import__("hashlib").sha256(b"predictions\n").hexdigest()
+    assert runner.CONFIG in record["protocol"]
+    # an edit hidden from `git status`, and an uncommitted config edit: both refused by content
     doc.write_text("predictions, edited after the fact\n")
-    assert "uncommitted changes" in refused(repo)
-    monkeypatch.setattr(runner.shutil, "which", lambda name: None)
-    assert "git is not installed" in refused(repo)
-    monkeypatch.undo()
+    _git(repo, "update-index", "--assume-unchanged", runner.PREREGISTRATION)
+    assert runner.PREREGISTRATION in refused(repo) and "differs from its committed version" in refused(repo)
+    doc.write_text("predictions\n")
+    config.write_text(config.read_text().replace("lr: 3.0e-3", "lr: 1.0e-2"))
+    assert runner.CONFIG in refused(repo) and "differs from its committed version" in refused(repo)
     # the official seeds run the registered protocol only
     with pytest.raises(runner.Refused, match="registered protocol"):
         runner.run(official, seeds, tmp_path / "work", steps=10, root=repo)
@@ -266,6 +271,22 @@ def test_official_seeds_refused_without_a_committed_preregistration(tmp_path, mo
     assert not out.exists()
     assert not runner.is_official(dataclasses.replace(official, source_seed=1), seeds)
     assert not runner.is_official(official, [5, 6])
+
+
+def test_this_repository_holds_the_registered_protocol():
+    """The real registration: the project's pre-registration and config at HEAD are what was registered
+    (skipped where the history is not there, e.g. an exported tarball or a shallow clone)."""
+    got = subprocess.run(["git", "-C", str(runner.ROOT), "cat-file", "-e", runner.REGISTRATION.commit + "^{commit}"],
+                         capture_output=True)
+    if got.returncode != 0:
+        pytest.skip("the registration commit is not in this checkout's history")
+    for path in (runner.PREREGISTRATION, runner.CONFIG):
+        committed = subprocess.run(["git", "-C", str(runner.ROOT), "cat-file", "blob", f"HEAD:{path}"],
+                                   capture_output=True).stdout
+        if committed != (runner.ROOT / path).read_bytes():
+            pytest.skip(f"{path} has local edits in this checkout")
+    record = runner.preregistration(runner.ROOT)
+    assert record["commit"] == runner.REGISTRATION.commit
 
 
 # ---- the short study, end to end ----------------------------------------------------------------------------

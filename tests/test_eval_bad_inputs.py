@@ -89,6 +89,7 @@ def test_out_naming_a_folder_stops_before_the_run(script, extra, task, tmp_path,
 @pytest.mark.parametrize("script, extra", [("eval/humaneval.py", []),
                                            pytest.param("eval/humaneval.py", ["--plus"], marks=PLUS_MISSING)])
 def test_limit_means_the_benchmarks_first_tasks_whatever_the_file_holds(script, extra, tmp_path, capsys):
+    """A file that leaves out a task inside --limit is an error (with and without --plus), not a note."""
     """Before: --limit 1 scored the file's first task id (HumanEval/5), not the benchmark's first."""
     from rpt.benchmarks import humaneval as he
 
@@ -103,14 +104,15 @@ def test_limit_means_the_benchmarks_first_tasks_whatever_the_file_holds(script, 
     assert [r["task_id"] for r in summary["results"]] == ["HumanEval/0"] and summary["results"][0]["passed"]
     assert summary["ignored_completions"] == 3 and summary["tasks_without_completion"] == 0
     assert "3 completions of" in capsys.readouterr().err  # said, not silently dropped
+    out.unlink()
+    assert load_script(script).main([*common, "2"]) == 2  # HumanEval/1 has none: an error, nothing scored
+    line = one_error_line(capsys)
+    assert "no completion for 1 of the first 2 tasks (first: HumanEval/1)" in line and not out.exists()
     if extra:
         return  # the rest is the skeleton's, shared by every benchmark (an EvalPlus run costs seconds)
-    assert load_script(script).main([*common, "2"]) == 0  # HumanEval/1 has none: counted and said
-    summary = json.loads(out.read_text())
-    assert summary["n_problems"] == 1 and summary["tasks_without_completion"] == 1
-    assert "first: HumanEval/1" in capsys.readouterr().err
+    assert load_script(script).main([*common, "5"]) == 2  # the class: 1, 2 and 4 missing of the first 5
+    assert "3 of the first 5 tasks (first: HumanEval/1, HumanEval/2, HumanEval/4)" in one_error_line(capsys)
     write_lines(path, rows[:2])  # nothing for the first task: refused, nothing written
-    out.unlink()
     assert load_script(script).main([*common, "1"]) == 2
     assert "no completion for the first 1 tasks" in one_error_line(capsys) and not out.exists()
 

@@ -257,6 +257,47 @@ def test_stored_generations_are_not_reused_for_another_dtype_or_retrained_weight
 
 
 @needs_data
+def test_stored_generations_follow_the_hub_snapshot_the_cache_holds(scripts, ckpt, calls, tmp_path, monkeypatch):
+    """A hub id updated in the local cache to another snapshot (other weights): the rerun on the same
+    --out generates anew, keyed by the snapshot's commit and files, not by the name."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--tiny-rpt"
+
+    def publish(commit: str, scale: float) -> None:
+        snapshot = repo / "snapshots" / commit
+        shutil.copytree(ckpt["rpt"], snapshot)
+        if scale != 1.0:  # other weights under the same name
+            model = RPTForCausalLM.from_pretrained(ckpt["rpt"])
+            with torch.no_grad():
+                model.offset_embedding.weight.mul_(scale)
+            model.save_pretrained(snapshot)
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    publish("a" * 40, 1.0)
+    assert sweep.hub_snapshot("org/tiny-rpt") == str(repo / "snapshots" / ("a" * 40))
+    argv = ["--checkpoint", "org/tiny-rpt", "--data", str(DATA / "test.jsonl"), "--limit", "2", "--shots", "1",
+            "--rpt-iters", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "g.json")]
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 2
+    model = RPTForCausalLM.from_pretrained(str(repo / "snapshots" / ("a" * 40)))
+    key = sweep.weights_fingerprint("org/tiny-rpt", model)
+    assert sweep.weights_fingerprint("org/tiny-rpt", model) == key  # the same snapshot: the same key, resumed
+    from rpt.studies.error_analysis_run import checkpoint_fingerprint
+
+    first = checkpoint_fingerprint("org/tiny-rpt")  # the error analysis's resume key follows the snapshot too
+    assert first == checkpoint_fingerprint("org/tiny-rpt") and "a" * 40 in first[0]
+    publish("b" * 40, 3.0)
+    assert sweep.weights_fingerprint("org/tiny-rpt", model) != key
+    assert scripts["gsm8k"].main(argv) == 0 and n_prompts(calls) == 4  # another snapshot: generated anew
+    assert checkpoint_fingerprint("org/tiny-rpt") != first
+    assert sweep.hub_snapshot(str(tmp_path / "nowhere")) is None and sweep.hub_snapshot("not a repo id!") is None
+
+
+@needs_data
 def test_compiled_eager_and_fallback_completions_are_recorded_and_kept_apart(scripts, ckpt, calls, tmp_path,
                                                                              monkeypatch, capsys):
     """Every stored completion records the decode that made it (``compiled``, ``eager``, ``fallback``); a run

@@ -13,7 +13,16 @@ from rpt.model.objective import make_rpt_batch
 from rpt.training.config import ConfigError, TrainConfig, load_config
 from rpt.training.deepspeed_settings import check_deepspeed_batch
 from rpt.training.metrics import read_metrics
-from rpt.training.micro_batch import Split, choose, divisors, fixed_split, search, searched, start_from_probes
+from rpt.training.micro_batch import (
+    MAX_MICRO_BATCH,
+    Split,
+    choose,
+    divisors,
+    fixed_split,
+    search,
+    searched,
+    start_from_probes,
+)
 from rpt.training.step import LEGACY_DRAWS, make_batch, trial_step
 from tests.inprocess_train import one_error_line, train_main
 from tests.tiny_models import tiny_llama
@@ -85,6 +94,34 @@ def test_search_on_a_device_probes_twice_then_steps_down_from_the_bound(no_cache
     assert tried == [1, 2, 12]  # the bound from the probes is 13: its largest divisor, 12, fits at once
     assert "searched on fake:0" in split.how and "20.00 GiB" in split.how
     assert start_from_probes(48, 3 * GIB, int(4.5 * GIB), int(21.1 * GIB)) == 13
+
+
+def test_divisors_up_to_a_cap_match_brute_force():
+    for n in range(1, 130):
+        for cap in (None, 1, 2, 5, 11, 12, 64, 500):
+            assert divisors(n, cap) == [d for d in range(n, 0, -1) if n % d == 0 and (cap is None or d <= cap)]
+
+
+@pytest.mark.parametrize("share", [10**15, 2**50, 10**12 + 39, 2**61 - 1])
+def test_auto_with_a_huge_global_batch_is_bounded_and_says_what_it_considered(share, no_cache_clearing):
+    """Before: the divisors of the share were listed one by one (no answer in 75 s for 10**15)."""
+    import time
+
+    model = RPTForCausalLM.from_base(tiny_llama(), window=3)
+    cfg = TrainConfig(model="x", data="x", seq_len=32, global_batch_size=share, micro_batch_size="auto")
+    t0 = time.perf_counter()
+    split = choose(cfg, 1, model, torch.device("cpu"), False, trial=None, reduce_min=lambda m: m)
+    assert split.micro * split.accum == share and split.micro <= MAX_MICRO_BATCH and share % split.micro == 0
+    assert f"up to {MAX_MICRO_BATCH} (the cap on an automatic micro-batch)" in split.how
+    device, tried = FakeDevice(), []
+
+    def trial(micro):
+        device.micro = micro
+        tried.append(micro)
+
+    found = searched(share, trial, device, extra=GIB // 2)  # the search on a device: the same cap
+    assert found.micro <= 12 and share % found.micro == 0 and f"tried {', '.join(map(str, tried[2:]))}" in found.how
+    assert time.perf_counter() - t0 < 5
 
 
 def test_trial_step_leaves_no_gradient_and_no_trace_in_the_random_streams():

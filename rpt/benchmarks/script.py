@@ -184,9 +184,11 @@ def _run_given(benchmark: Benchmark, args: argparse.Namespace, problems) -> int:
         print(f"note: {n} completion{'s' * (n != 1)} of {args.completions} for tasks past --limit {args.limit} "
               "not scored", file=sys.stderr)
     if coverage["tasks_without_completion"] and args.limit is not None:
-        print(f"note: {coverage['tasks_without_completion']} of {scope} have no completion in {args.completions} "
-              f"(first: {', '.join(map(str, coverage['first_without_completion']))}); the scores are over the "
-              "tasks that have one", file=sys.stderr)
+        # --limit N scores the benchmark's first N tasks: a file that leaves one out would score it as
+        # absent from the benchmark, not as failed, so it is refused (without --limit the file's own tasks are scored)
+        raise EvalInputError(f"--completions {args.completions} has no completion for {coverage['tasks_without_completion']} "
+                             f"of {scope} (first: {', '.join(map(str, coverage['first_without_completion']))}); "
+                             f"add them, or lower --limit")
     benchmark.check_records(args, records)
     store = ResultStore(args.out, fresh=args.fresh)
     results = benchmark.score(args, problems, records, store)

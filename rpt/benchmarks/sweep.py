@@ -81,13 +81,37 @@ def sweep_settings(rpt_iters: Sequence[int], temperatures: Sequence[float]) -> l
     return list(dict.fromkeys(Setting(int(k), float(t)) for k in rpt_iters for t in temperatures))
 
 
+def hub_snapshot(checkpoint: str) -> str | None:
+    """The local hub-cache snapshot directory a hub id resolves to now (``refs/main`` of the cache), or
+    None (not a hub id, or not in the cache)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(checkpoint, "config.json")
+    except Exception:  # noqa: BLE001 -- a local path or another string the hub rejects as an id: no snapshot
+        return None
+    return os.path.dirname(found) if isinstance(found, str) else None
+
+
 def weights_fingerprint(checkpoint: str, model) -> str:
     """What the completions depend on beyond the path: the weights' dtype and device type (bf16 and
-    float32, or CPU and CUDA kernels, may pick different tokens) and, for a local checkpoint, the
-    size and modification time of each top-level file (a checkpoint retrained in place is new)."""
+    float32, or CPU and CUDA kernels, may pick different tokens) and the weights themselves: for a
+    local checkpoint the size and modification time of each top-level file (a checkpoint retrained in
+    place is new); for a hub id the snapshot the cache holds (its commit, and its files likewise), so a
+    model updated in the cache to another snapshot generates anew instead of reusing the old one's
+    completions."""
     param = next(model.parameters())
     parts = [str(param.dtype), param.device.type]
     path = os.path.expanduser(checkpoint)
+    if not os.path.isdir(path):
+        snapshot = hub_snapshot(checkpoint)
+        commit = getattr(getattr(model, "config", None), "_commit_hash", None)  # the one transformers loaded
+        if snapshot is not None and commit and os.path.basename(snapshot) != commit:
+            snapshot = os.path.join(os.path.dirname(snapshot), commit)  # that commit's files, not the newer ones        if snapshot is None and commit is None:
+            parts.append(f"unresolved:{uuid.uuid4().hex}")  # weights not known by content: never reused
+        else:
+            parts.append(f"commit:{commit or os.path.basename(snapshot)}")
+        path = snapshot or path
     if os.path.isdir(path):
         for entry in sorted(os.scandir(path), key=lambda e: e.name):
             if entry.is_file():

@@ -198,3 +198,14 @@ def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1)
     if split == "validation":
         return packed
     return StoreBatches(packed, cfg.micro_batch_size, cfg.global_batch(world_size))
+
+
+def check_vocabulary(vocab: int, *datasets) -> None:
+    """Before the first step, every token store training reads records its largest id below ``vocab``
+    (the model's embedding rows), and every batch read later is checked against it (a store written
+    before stores recorded the id, a shard edited since, a tokenizer numbering past the model's rows in
+    streamed data): a :class:`DataError` names the store (or stream), the id and the vocabulary."""
+    for data in datasets:
+        packed = data.packed if isinstance(data, StoreBatches) else data
+        if isinstance(packed, (PackedStore, StreamBatches)):
+            packed.limit_vocabulary(vocab)

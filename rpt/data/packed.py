@@ -27,6 +27,13 @@ class PackedStore:
             raise DataError(f"the token store {store.path} has {store.num_tokens} tokens, fewer than one chunk of "
                             f"{chunk_len}; add data or lower seq_len")
         self.order = ChunkOrder(self.num_chunks, seed)
+        self.vocab: int | None = None  # the model's embedding rows: every row read is checked against it
+
+    def limit_vocabulary(self, vocab: int) -> None:
+        """Ids at or above ``vocab`` are refused: at once by the store's recorded largest id, and in every
+        row read (a store written before it recorded one, or a shard edited since): one max per batch."""
+        self.store.check_vocabulary(vocab)
+        self.vocab = vocab
 
     def __len__(self) -> int:
         return self.num_chunks
@@ -42,7 +49,15 @@ class PackedStore:
 
     def _read(self, chunks: Sequence[int]) -> torch.Tensor:
         rows = [self.store.read(int(c) * self.chunk_len, self.chunk_len) for c in chunks]
-        return torch.from_numpy(np.stack(rows)) if rows else torch.empty(0, self.chunk_len, dtype=torch.long)
+        if not rows:
+            return torch.empty(0, self.chunk_len, dtype=torch.long)
+        out = np.stack(rows)
+        if self.vocab is not None and int(out.max()) >= self.vocab:
+            row = int(np.argmax(out.max(axis=1)))
+            raise DataError(f"token store {self.store.path} holds token id {int(out[row].max())} at token "
+                            f"{int(chunks[row]) * self.chunk_len + int(np.argmax(out[row]))}, outside the model's vocabulary "
+                            f"of {self.vocab}: the store changed or was written with another tokenizer; prepare it again")
+        return torch.from_numpy(out)
 
     def rows(self, samples: Sequence[int]) -> torch.Tensor:
         """``[len(samples), chunk_len]`` int64 tokens of the given global sample indices."""
@@ -80,6 +95,10 @@ class StoreBatches:
     def micro_batch(self, step: int, micro: int) -> torch.Tensor:
         start = self.first_sample(step, micro)
         return self.packed.rows(range(start, start + self.micro_batch_size))
+
+    def stamps(self) -> dict:
+        """The store's shard stamps (:meth:`TokenStore.stamps`), recorded by each checkpoint."""
+        return self.packed.store.stamps()
 
     def data_key(self) -> str:
         """The tokens read (:meth:`TokenStore.content_key`): a checkpoint records it beside its

@@ -154,13 +154,22 @@ class StreamBatches:
             prefetch_factor=2 if workers > 0 else None, persistent_workers=False,
         )
         self._iter = None
+        self.vocab: int | None = None  # the model's embedding rows: every batch is checked against it
+
+    def limit_vocabulary(self, vocab: int) -> None:
+        self.vocab = vocab
 
     def micro_batch(self, step: int, micro: int) -> torch.Tensor:
         """The next micro-batch of this rank's stream (``step``/``micro`` name it in errors)."""
         if self._iter is None:
             self._iter = iter(self.loader)
         try:
-            return next(self._iter)
+            batch = next(self._iter)
+            if self.vocab is not None and batch.numel() and int(batch.max()) >= self.vocab:
+                raise DataError(f"the streamed data holds token id {int(batch.max())} (step {step}, micro-batch {micro}), "
+                                f"outside the model's vocabulary of {self.vocab}: the tokenizer numbers tokens past the "
+                                "model's embedding; use a model with more rows or the tokenizer it was trained with")
+            return batch
         except DataError as e:  # raised in a worker: torch re-raises it with the worker's traceback as its text
             text = str(e).strip().splitlines()
             raise DataError(text[-1].split("DataError: ", 1)[-1] if "Original Traceback" in str(e) else str(e)) from None

@@ -45,6 +45,7 @@ SHARD_TOKENS = 1 << 28  # 512 MB of uint16 per file
 BATCH_DOCUMENTS = 64
 BATCH_CHARS = 1 << 20
 _VERIFY_BLOCK = 16 << 20
+RACY_NS = 2_000_000_000  # a shard written this close to a recording of its stamps is hashed, whatever its stamp
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -209,13 +210,8 @@ class TokenStore:
         vocab = self.meta.get("vocab_size")
 
         def check(i: int) -> None:
-            digest, top = hashlib.sha256(), -1
-            with open(self.files[i], "rb") as f:
-                for block in iter(lambda: f.read(_VERIFY_BLOCK), b""):
-                    digest.update(block)
-                    if len(block) >= self.dtype.itemsize:
-                        top = max(top, int(np.frombuffer(block, self.dtype).max()))
-            if digest.hexdigest() != shards[i]["sha256"]:
+            digest, top = self._hash_shard(i)
+            if digest != shards[i]["sha256"]:
                 raise DataError(f"{self.files[i]} changed after the store was written (its SHA-256 differs from the one "
                                 f"in {index}); {_FIX}")
             if _is_count(vocab) and top >= vocab:
@@ -228,6 +224,70 @@ class TokenStore:
         seconds = time.perf_counter() - t0
         nbytes = self.num_tokens * self.dtype.itemsize
         return {"shards": len(shards), "bytes": nbytes, "seconds": seconds}
+
+    def _hash_shard(self, i: int) -> tuple[str, int]:
+        """Shard ``i``'s SHA-256 and largest token id (-1 when empty), from one full read."""
+        digest, top = hashlib.sha256(), -1
+        with open(self.files[i], "rb") as f:
+            for block in iter(lambda: f.read(_VERIFY_BLOCK), b""):
+                digest.update(block)
+                if len(block) >= self.dtype.itemsize:
+                    top = max(top, int(np.frombuffer(block, self.dtype).max()))
+        return digest.hexdigest(), top
+
+    def max_id(self) -> int | None:
+        """The largest token id the store holds, as its index records it (None: written before stores
+        recorded it)."""
+        top = self.meta.get("max_id")
+        return top if _is_count(top) else None
+
+    def check_vocabulary(self, vocab: int) -> None:
+        """Every id the store records below ``vocab`` (the model's embedding rows): a :class:`DataError`
+        naming the store, the id and the vocabulary, before any step reads a batch."""
+        top = self.max_id()
+        if top is not None and top >= vocab:
+            raise DataError(f"token store {self.path} holds token id {top}, outside the model's vocabulary of {vocab} "
+                            "(ids 0.."
+                            f"{vocab - 1}): it was written with another tokenizer or model; train with the tokenizer "
+                            f"it was written with, or a model of at least {top + 1} embedding rows, or prepare it again")
+
+    def stamps(self) -> dict[str, Any]:
+        """What the file system says of each shard now (size, mtime, ctime in ns, inode; one ``stat``
+        each) and when: a checkpoint records it, and :meth:`check_unchanged` compares a resume's against it."""
+        shards = {}
+        for s, file in zip(self.meta["shards"], self.files):
+            st = os.stat(file)
+            shards[s["file"]] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        return {"at_ns": time.time_ns(), "shards": shards}
+
+    def check_unchanged(self, recorded: dict[str, Any], since: str) -> dict[str, Any]:
+        """The shards hold the tokens they held when ``recorded`` (:meth:`stamps`) was taken: a shard
+        whose stamp differs (any write changes its ctime, which no tool sets back), or whose ctime was
+        within :data:`RACY_NS` of the recording (a write in the same tick could leave it equal: git's
+        "racy" entries), is hashed in full and must match the SHA-256 of the index. A :class:`DataError`
+        names the first that does not. Returns what was hashed: ``{"hashed": [files], "seconds": s}``
+        (nothing, and one ``stat`` per shard, when no shard changed)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        index = os.path.join(self.path, INDEX)
+        then, now = recorded.get("shards") or {}, self.stamps()["shards"]
+        at = recorded.get("at_ns") if isinstance(recorded.get("at_ns"), int) else 0
+        suspect = [i for i, s in enumerate(self.meta["shards"])
+                   if not isinstance(then.get(s["file"]), list) or then[s["file"]] != now[s["file"]]
+                   or then[s["file"]][2] >= at - RACY_NS]
+        for i in suspect:
+            if not isinstance(self.meta["shards"][i].get("sha256"), str):
+                raise DataError(f"{self.files[i]} changed on disk since {since} (size, time or inode), and {index} records "
+                                f"no SHA-256 to check its tokens by; {_FIX}, and start a new output_dir")
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(1, min(os.cpu_count() or 1, len(suspect) or 1))) as pool:
+            digests = list(pool.map(lambda i: self._hash_shard(i)[0], suspect))
+        for i, digest in zip(suspect, digests):
+            if digest != self.meta["shards"][i]["sha256"]:
+                raise DataError(f"{self.files[i]} was rewritten since {since} (its SHA-256 differs from the one in {index}): "
+                                "the resumed run would read other tokens at its data_position; restore the shard, or "
+                                "prepare the store again and start a new output_dir")
+        return {"hashed": [self.files[i] for i in suspect], "seconds": time.perf_counter() - t0}
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -337,6 +397,8 @@ class _ShardWriter:
             self._file.write(data)
             self._hash.update(data)  # the shard's SHA-256 as it is written: verifying later needs no second pass here
             self.shards[-1]["tokens"] += len(part)
+            if len(part):  # the largest id, checked against the model's vocabulary at start-up
+                self.shards[-1]["max_id"] = max(self.shards[-1].get("max_id", 0), int(part.max()))
 
     def _next_file(self) -> None:
         self.close()
@@ -403,6 +465,7 @@ def write_token_store(
         index = {
             "format": FORMAT, "version": VERSION, "dtype": dtype.name, "num_tokens": num_tokens,
             "num_documents": num_docs, "shards": writer.shards, "vocab_size": len(tokenizer),
+            "max_id": max(sh.get("max_id", 0) for sh in writer.shards),
             "eos_id": eos_id(tokenizer), "bos_id": bos_id(tokenizer), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
             "num_proc": num_proc, "seconds": round(seconds, 3), "tokens_per_s": round(num_tokens / max(seconds, 1e-9), 1),
             **(meta or {}),

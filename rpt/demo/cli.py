@@ -46,6 +46,7 @@ from rpt.demo.training_stages import (
     train_result,
     train_stage,
 )
+from rpt.studies import owned_dirs
 from rpt.studies.seeds import seed_study
 
 
@@ -71,7 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if len(set(args.finetune_seeds)) != len(args.finetune_seeds):
         ap.error(f"--finetune-seeds {' '.join(map(str, args.finetune_seeds))} repeats a seed: give distinct seeds")
+    for flag in ("pretrain_steps", "finetune_steps", "theory_steps", "error_positions", "repetition_prompts",
+                 "repetition_tokens", "humaneval_limit", "precondition_positions"):
+        if getattr(args, flag) < 1:  # 0 would fall back to a config's own count, or run nothing: refused
+            ap.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     out = Path(args.out)
+    try:
+        owned_dirs.claim(out, "demo")  # never writes into (or later rewrites) a directory of someone else's
+    except owned_dirs.ForeignDirectory as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     stages = Stages(out)
     t0 = time.perf_counter()
 

@@ -3,17 +3,15 @@ trained with ``train.py`` (cached per run, so a rerun resumes), every model scor
 predictions summarised, JSON + markdown + figure written atomically.
 
 The official seeds (training seeds 0-4 on source seed 0) run only the registered protocol and only
-once ``docs/agreement_preregistration.md`` is committed and unchanged in git; its sha256 and commit go
-into the results. Development uses another source seed or other training seeds.
+when ``docs/agreement_preregistration.md`` and ``configs/agreement.yaml`` hold what was registered, by
+content (:mod:`rpt.studies.preregistration`); the record (sha256s, registration commit, HEAD, keys added
+to the config since) goes into the results. Development uses another source seed or other training seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,14 +22,23 @@ import torch
 from rpt.report import save_figure, sibling, write_json, write_markdown
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
+from rpt.studies import owned_dirs
 from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
 from rpt.studies.controlled_source import SourceFiles
+from rpt.studies.preregistration import NotPreregistered, Registration, check_preregistered
 
 CONFIG = "configs/agreement.yaml"
 PREREGISTRATION = "docs/agreement_preregistration.md"
 OFFICIAL_SOURCE_SEED = 0
 OFFICIAL_SEEDS = (0, 1, 2, 3, 4)
 OFFICIAL_OUT = "docs/agreement.json"
+OWNER = "agreement study"  # names the writer in rpt.studies.owned_dirs' markers and refusals
+# The commit that registered the protocol (docs/agreement_preregistration.md): its text is never
+# changed, and the config's registered fields hold (keys added later are recorded in the results).
+REGISTRATION = Registration(
+    PREREGISTRATION, "64396e489cc5e13ed5a517ef10f862a79cbb5f40", (CONFIG,),
+    fix="develop with another --source-seed or other --seeds than the official ones (training seeds 0-4 "
+        "with source seed 0)")
 
 
 class Refused(Exception):
@@ -42,26 +49,14 @@ def is_official(design: ag.Design, seeds: Sequence[int]) -> bool:
     return design.source_seed == OFFICIAL_SOURCE_SEED and any(s in OFFICIAL_SEEDS for s in seeds)
 
 
-def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
-
-
-def preregistration(root: Path, path: str = PREREGISTRATION) -> dict:
-    """The committed pre-registration: its sha256 and the last commit that touched it. Raises
-    :class:`Refused` unless the file is tracked and unchanged against HEAD in a git work tree."""
-    fix = (f"commit {path} before the official run, or develop with another --source-seed or other --seeds "
-           f"than the official ones (training seeds 0-4 with source seed 0)")
-    if shutil.which("git") is None:
-        raise Refused(f"the official seeds need {path} committed in git, and git is not installed: {fix}")
-    if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
-        raise Refused(f"the official seeds need {path} committed in git, and {root} is not a git work tree: {fix}")
-    if _git(root, "cat-file", "-e", f"HEAD:{path}").returncode != 0:
-        raise Refused(f"the official seeds need {path} committed, and it is not in HEAD: {fix}")
-    status = _git(root, "status", "--porcelain", "--", path)
-    if status.returncode != 0 or status.stdout.strip():
-        raise Refused(f"the official seeds need {path} committed, and it has uncommitted changes: {fix}")
-    commit = _git(root, "log", "-1", "--format=%H", "--", path).stdout.strip()
-    return {"path": path, "sha256": hashlib.sha256((root / path).read_bytes()).hexdigest(), "commit": commit}
+def preregistration(root: Path, registration: Registration | None = None) -> dict:
+    """The record of the registered protocol (:func:`rpt.studies.preregistration.check_preregistered`
+    on :data:`REGISTRATION`): raises :class:`Refused` on any difference in the pre-registration or the
+    config from what was registered."""
+    try:
+        return check_preregistered(root, registration or REGISTRATION)
+    except NotPreregistered as e:
+        raise Refused(str(e)) from None
 
 
 def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -> None:
@@ -72,18 +67,36 @@ def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -
                       "another --source-seed or other --seeds")
 
 
+def _source_cached(files: SourceFiles, design: ag.Design) -> bool:
+    meta = Path(ag.meta_path(files.dir))
+    return meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict()
+
+
+def _stale_runs(work: Path) -> list[Path]:
+    return [run for arm, _ in study.ARMS for run in work.glob(f"{arm}_s*") if run.is_dir()]
+
+
+def check_work(work: Path, design: ag.Design, planned: Sequence[TrainJob]) -> None:
+    """Every directory the study would delete or rewrite under ``work`` is its own (marked) or empty:
+    raises :class:`Refused` before any work otherwise (:mod:`rpt.studies.owned_dirs`)."""
+    files = SourceFiles(str(work / "source"))
+    doomed = [] if _source_cached(files, design) else [Path(files.dir), *_stale_runs(work)]
+    try:
+        owned_dirs.check([*doomed, *(job.run_dir for job in planned if not job.cached())], OWNER, "delete")
+    except owned_dirs.ForeignDirectory as e:
+        raise Refused(str(e)) from None
+
+
 def prepare_source(work: Path, design: ag.Design) -> SourceFiles:
     """The source under ``work/source`` (cached). Written anew when its design changed, and then the
-    runs trained on the old samples are removed with it."""
+    runs trained on the old samples are removed with it (only directories the study wrote)."""
     files = SourceFiles(str(work / "source"))
-    meta = Path(ag.meta_path(files.dir))
-    if meta.exists() and ag.Design.from_dict(json.loads(meta.read_text())["design"]).source_dict() == design.source_dict():
+    if _source_cached(files, design):
         print(f"[agreement] source {files.dir}: cached", flush=True)
         return files
-    shutil.rmtree(files.dir, ignore_errors=True)
-    for arm, _ in study.ARMS:
-        for run in work.glob(f"{arm}_s*"):
-            shutil.rmtree(run, ignore_errors=True)
+    for run in _stale_runs(work):
+        owned_dirs.remove(run, OWNER)
+    owned_dirs.fresh(files.dir, OWNER)
     return ag.write_source(files.dir, design)
 
 
@@ -91,7 +104,7 @@ def jobs(work: Path, files: SourceFiles, seeds: Sequence[int], steps: int | None
     """One from-scratch run per (arm, seed), seed-major (a cut-short study still has every arm once);
     the seed sets the data order, so arms with the same seed index see the same batches."""
     base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
-            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps else [])]
+            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps is not None else [])]
     extra = {arm: (["objective=ntp"] if q is None else [f"q={q}"]) for arm, q in study.ARMS}
     return [(arm, s, TrainJob(CONFIG, work / f"{arm}_s{s}", [*base, *extra[arm], f"seed={s}"]))
             for s in seeds for arm, _ in study.ARMS]
@@ -135,18 +148,24 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
         root: Path | None = None) -> dict:
     """The whole study; ``train`` runs the not-yet-cached jobs (default: ``train.py`` processes,
     ``parallel`` at a time, one thread each). Raises :class:`Refused` before any work when refused."""
+    if steps is not None and steps < 1:
+        raise Refused(f"steps {steps}: a run trains at least 1 step (None: the config's {config_steps(CONFIG)})")
     prereg = None
     if is_official(design, seeds):
         check_protocol(design, seeds, steps)
         prereg = preregistration(root or ROOT)
     t0 = time.perf_counter()
-    files = prepare_source(work, design)
-    planned = jobs(work, files, seeds, steps)
+    planned = jobs(work, SourceFiles(str(work / "source")), seeds, steps)
     todo = [job for *_, job in planned]
+    check_work(work, design, todo)
+    files = prepare_source(work, design)
     if train is None:
-        run_jobs(todo, parallel)  # skips (and reports) the cached runs itself
+        run_jobs(todo, parallel, OWNER)  # skips (and reports) the cached runs itself
     else:
-        train([j for j in todo if not j.cached()])
+        fresh = [j for j in todo if not j.cached()]
+        for job in fresh:
+            owned_dirs.fresh(job.run_dir, OWNER)
+        train(fresh)
     t1 = time.perf_counter()
     params = ag.make_params(design)
     truth = study.truth_for(design, params)
@@ -166,11 +185,17 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
     return summary
 
 
+def _added(reg: dict) -> str:
+    added = {f"{path}: {key}": v for path, p in reg.get("protocol", {}).items()
+             for key, v in p["added_after_registration"].items()}
+    return "; added to the config after the registration: " + ", ".join(f"{k} = {v}" for k, v in added.items()) if added else ""
+
+
 def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     p = summary["predictions"]
     reg = summary.get("preregistration")
     notes = ("Official run of the pre-registered protocol "
-             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}). " if reg else
+             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}{_added(reg)}). " if reg else
              "Development run (not the official seeds): not a result. ") + (
         f"{summary['metric']}. Seeds {summary['seeds']}, {summary['steps']} steps. "
         f"P2 {'held' if p['P2']['held'] else 'failed'}, co-primary {'held' if p['co_primary']['held'] else 'failed'}, "
@@ -179,6 +204,21 @@ def write_outputs(out: str | Path, summary: dict) -> list[Path]:
     return [write_json(out, summary),
             write_markdown(sibling(out, ".md"), "Where RPT wins: the agreement-pairs study", study.markdown_tables(summary), notes),
             save_figure(study.plot(summary), sibling(out, ".png"))]
+
+
+def argument_problem(args) -> str | None:
+    """Why the command's arguments cannot run, or None: checked before any work."""
+    least = {"--source-seed": (args.source_seed, 0), "--steps": (args.steps, 1), "--contexts": (args.contexts, 2),
+             "--train-docs": (args.train_docs, 1), "--parallel": (args.parallel, 1)}
+    for flag, (value, low) in least.items():
+        if value is not None and value < low:
+            return f"{flag} {value}: must be at least {low} (or leave it out for the registered value)"
+    bad = [s for s in args.seeds if s < 0]
+    if bad:
+        return f"--seeds {' '.join(map(str, bad))}: training seeds are non-negative integers"
+    if len(set(args.seeds)) != len(args.seeds):
+        return f"--seeds {' '.join(map(str, args.seeds))} repeats a seed: give distinct seeds"
+    return None
 
 
 def design_from_args(args) -> ag.Design:

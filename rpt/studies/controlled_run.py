@@ -11,7 +11,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import torch
 from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
 from rpt.studies import controlled as ctl
 from rpt.studies import hmm as hmm_lib
+from rpt.studies import owned_dirs
 from rpt.studies import theory_prediction as tt
 from rpt.studies.controlled_source import Design, SourceFiles, write_source
 from rpt.studies.sec3_errors import theory_curve
@@ -36,6 +36,7 @@ FINETUNE_CONFIG = "configs/controlled_finetune.yaml"
 SWEEP_CONFIG = "configs/controlled_sweep.yaml"
 SWEEP_QS = (0.05, 0.1, 0.3, 0.6, 1.0)
 SWEEP_OUT = "docs/theory_test.json"
+OWNER = "controlled study"  # names the writer in rpt.studies.owned_dirs' markers and refusals
 
 
 class TrainJob(NamedTuple):
@@ -53,11 +54,12 @@ class TrainJob(NamedTuple):
                 and json.loads(meta.read_text()) == {"config": self.config, "overrides": self.overrides})
 
 
-def run_jobs(jobs: list[TrainJob], parallel: int) -> None:
+def run_jobs(jobs: list[TrainJob], parallel: int, owner: str = "controlled study") -> None:
     """``train.py --config C key=value...`` for each job not already done, ``parallel`` at a time
     (one torch thread each: a model this small trains faster as two 1-thread processes than as one
     2-thread process). Each run's console output goes to ``<run_dir>/console.log`` (its ``train.log`` is the trainer's own)."""
     todo = [j for j in jobs if not j.cached()]
+    owned_dirs.check([j.run_dir for j in todo], owner, "delete")  # every run's directory, before the first starts
     for j in jobs:
         if j not in todo:
             print(f"[controlled] {j.run_dir}: cached", flush=True)
@@ -82,8 +84,7 @@ def run_jobs(jobs: list[TrainJob], parallel: int) -> None:
         while len(running) >= parallel:
             time.sleep(0.2)
             reap(block=False)
-        shutil.rmtree(job.run_dir, ignore_errors=True)
-        job.run_dir.mkdir(parents=True)
+        owned_dirs.fresh(job.run_dir, owner)  # only a directory the study wrote is emptied
         cmd = [sys.executable, "train.py", "--config", job.config, f"output_dir={job.run_dir}", "resume=none", *job.overrides]
         print("$ " + " ".join(cmd), flush=True)
         log = open(job.run_dir / "console.log", "w")
@@ -101,18 +102,31 @@ def _losses(run_dir: Path) -> dict | None:
     return {k: v for k, v in evals[-1].items() if k.startswith("eval_")} if evals else None
 
 
+def _source_cached(files: SourceFiles, design: Design) -> bool:
+    return (os.path.exists(files.hmm)
+            and Design.from_dict(json.loads(Path(files.hmm).read_text())["design"]).source_dict() == design.source_dict())
+
+
+def check_work(work: Path, design: Design, jobs: list[TrainJob]) -> None:
+    """Every directory the study would delete or rewrite (the source when its design changed, the
+    runs not yet trained) is its own or empty; raises ``ForeignDirectory`` before any work otherwise."""
+    files = SourceFiles(str(work / "source"))
+    doomed = [] if _source_cached(files, design) else [Path(files.dir)]
+    owned_dirs.check([*doomed, *(j.run_dir for j in jobs if not j.cached())], OWNER, "delete")
+
+
 def prepare_source(work: Path, design: Design) -> SourceFiles:
     files = SourceFiles(str(work / "source"))
-    if os.path.exists(files.hmm) and Design.from_dict(json.loads(Path(files.hmm).read_text())["design"]).source_dict() == design.source_dict():
+    if _source_cached(files, design):
         print(f"[controlled] source {files.dir}: cached", flush=True)
         return files
-    shutil.rmtree(files.dir, ignore_errors=True)  # with it the packed-data cache of older samples
+    owned_dirs.fresh(files.dir, OWNER)  # with it the packed-data cache of older samples
     return write_source(files.dir, design)
 
 
-def train_seeds(work: Path, files: SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
-                parallel: int, finetune_config: str = FINETUNE_CONFIG) -> list[tuple[int, str, Path]]:
-    """NTP pretraining, then the RPT fine-tune from it, per seed (seeds side by side)."""
+def seed_jobs(work: Path, files: SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
+              finetune_config: str = FINETUNE_CONFIG) -> tuple[dict[int, TrainJob], dict[int, TrainJob]]:
+    """Per seed, the NTP pretraining job and the RPT fine-tune job from it."""
     data = [f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}", f"cache_dir={files.dir}/cache"]
     pre = {s: TrainJob(PRETRAIN_CONFIG, work / f"pretrain_s{s}",
                        [f"tokenizer={files.tokenizer}", *data, f"seed={s}",
@@ -122,6 +136,14 @@ def train_seeds(work: Path, files: SourceFiles, seeds: list[int], pretrain_steps
     rpt = {s: TrainJob(finetune_config, work / f"{name}_s{s}",
                        [f"init_from={pre[s].final}", "tokenizer=null", *data, f"seed={s}",
                         *([f"max_steps={finetune_steps}"] if finetune_steps else [])]) for s in seeds}
+    return pre, rpt
+
+
+def train_seeds(work: Path, files: SourceFiles, seeds: list[int], pretrain_steps, finetune_steps,
+                parallel: int, finetune_config: str = FINETUNE_CONFIG) -> list[tuple[int, str, Path]]:
+    """NTP pretraining, then the RPT fine-tune from it, per seed (seeds side by side)."""
+    pre, rpt = seed_jobs(work, files, seeds, pretrain_steps, finetune_steps, finetune_config)
+    owned_dirs.check([j.run_dir for j in (*pre.values(), *rpt.values()) if not j.cached()], OWNER, "delete")
     run_jobs(list(pre.values()), parallel)
     run_jobs(list(rpt.values()), parallel)
     return [(s, rpt[s].final, rpt[s].run_dir) for s in seeds]
@@ -148,11 +170,12 @@ def run_sweep(args) -> dict:
     """Train (cached per run) and evaluate the sweep; returns the ``theory_test`` summary."""
     design = Design(contexts=args.contexts)
     work = Path(args.work).resolve()
+    jobs = sweep_jobs(work, SourceFiles(str(work / "source")), args.qs, args.seeds, args.sweep_steps, not args.no_ntp_arm)
+    check_work(work, design, [j for *_, j in jobs])
     files = prepare_source(work, design)
     hmm = hmm_lib.HMM.from_dict(json.loads(Path(files.hmm).read_text())["hmm"])
     truth = ctl.truth_for(hmm, design)
     cross = tt.crossovers(truth, design.theory_eps_n, seed=design.eval_seed)  # the truth alone
-    jobs = sweep_jobs(work, files, args.qs, args.seeds, args.sweep_steps, not args.no_ntp_arm)
     run_jobs([j for *_, j in jobs], max(1, args.parallel))
     summary = tt.evaluate_arms(design, truth, [(q, s, j.final) for q, s, j in jobs], cross)
     for (_q, _s, job), arm in zip(jobs, summary["arms"]):
@@ -246,6 +269,9 @@ def run_controlled(args: argparse.Namespace) -> int:
         return 2
     steps = [s for s in (args.pretrain_steps, args.finetune_steps, args.sweep_steps) if s is not None]
     problem = out_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, (".md", ".png"))
+    work = Path(args.work)
+    if problem is None and args.sweep and (work.exists() or work.is_symlink()) and not work.is_dir():
+        problem = f"--work {work} is a file; name a directory for the sweep's source and runs"
     if problem is None and (args.parallel < 1 or (args.threads is not None and args.threads < 1) or min(steps, default=1) < 1):
         problem = "need --parallel >= 1, --threads >= 1 and step counts >= 1"
     if problem is not None:  # before a source is written or a model trained
@@ -253,6 +279,29 @@ def run_controlled(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        return _run_checked(args, others_of(args) if not args.sweep else [])
+    except (owned_dirs.ForeignDirectory, _BadCompare) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+class _BadCompare(ValueError):
+    pass
+
+
+def others_of(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """The ``--compare LABEL=F.json`` results."""
+    others = []
+    for item in args.compare:
+        label, _, path = item.rpartition("=")
+        if not Path(path).is_file():
+            raise _BadCompare(f"--compare {item}: {path} not found")
+        others.append((label or Path(path).stem, json.loads(Path(path).read_text())))
+    return others
+
+
+def _run_checked(args: argparse.Namespace, others: list[tuple[str, dict]]) -> int:
     if args.sweep:
         t0 = time.perf_counter()
         summary = run_sweep(args)
@@ -262,13 +311,6 @@ def run_controlled(args: argparse.Namespace) -> int:
         print(Path(paths[1]).read_text(encoding="utf-8"))
         print("wrote " + ", ".join(str(p) for p in paths))
         return 0
-    others = []
-    for item in args.compare:
-        label, _, path = item.rpartition("=")
-        if not Path(path).is_file():
-            print(f"error: --compare {item}: {path} not found", file=sys.stderr)
-            return 2
-        others.append((label or Path(path).stem, json.loads(Path(path).read_text())))
     design = Design(contexts=args.contexts)
     t0 = time.perf_counter()
     if args.checkpoints:
@@ -278,6 +320,9 @@ def run_controlled(args: argparse.Namespace) -> int:
         runs = [(i, c, None) for i, c in enumerate(args.checkpoints)]
     else:
         work = Path(args.out).resolve().parent
+        pre, rpt = seed_jobs(work, SourceFiles(str(work / "source")), args.seeds, args.pretrain_steps,
+                             args.finetune_steps, args.finetune_config)
+        check_work(work, design, [*pre.values(), *rpt.values()])
         files = prepare_source(work, design)
         hmm = hmm_lib.HMM.from_dict(json.loads(Path(files.hmm).read_text())["hmm"])
         runs = train_seeds(work, files, args.seeds, args.pretrain_steps, args.finetune_steps, max(1, args.parallel),

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from rpt.benchmarks.generation import load_checkpoint
 from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+from rpt.benchmarks.sweep import hub_snapshot
 from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
 from rpt.model.wrapper import RPT_CONFIG_NAME, RPT_TABLE_NAME
 from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
@@ -77,8 +78,12 @@ def tokenise(texts: list[str], tokenizer) -> list[list[int]]:
 
 def checkpoint_fingerprint(path: str) -> list:
     """Path, names, sizes and mtimes of the weight files: a retrained checkpoint in the same
-    directory must not reuse stale results."""
-    root = Path(path).resolve()
+    directory must not reuse stale results. A hub id is the snapshot the local cache resolves it to
+    (its directory names the commit): a model updated in the cache does not reuse the old one's."""
+    local = Path(path).expanduser()
+    root = (local if local.is_dir() else Path(hub_snapshot(path) or local)).resolve()
+    if not root.is_dir():
+        return [path]
     files = sorted(f for f in root.iterdir() if f.suffix == ".safetensors" or f.name.endswith("config.json"))
     files += [f for f in [root / RPT_TABLE_NAME] if f.is_file()]  # the offset table, in its subfolder
     return [str(root)] + [(str(f.relative_to(root)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from rpt.checkpoint.directories import write_json_atomic
 from rpt.data import build_packed, build_tokenizer
+from rpt.data.build import check_vocabulary
 from rpt.model.lora import parameter_line
 from rpt.training.build import (
     build_model,
@@ -50,6 +51,7 @@ from rpt.training.step import (
     choose_split,
     make_batch,
     split_record,
+    stop_if_lock_lost,
     stop_if_not_finite,
     train_step,
 )
@@ -95,6 +97,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     # the tokens a data_position is a place in (a stream has no key); a resume over other tokens is refused
     data_key = train.data_key() if hasattr(train, "data_key") else None
     check_same_data(start, data_key, train)
+    check_vocabulary(model.lm.get_input_embeddings().num_embeddings, train, val)  # before the first step
     configure_deepspeed(accelerator, steps_cfg, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
@@ -148,6 +151,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         saves = step % cfg.save_every == 0 or step == cfg.max_steps
         if logs or evals or saves:  # the check's one host read, where a result of the step would be kept
             stop_if_not_finite(accelerator, meter, cfg, bar)
+            stop_if_lock_lost(accelerator, cfg, step, bar)  # one read of run.lock: still this trainer's?
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         speed.add(global_batch * cfg.seq_len)
@@ -179,10 +183,12 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         if saves:
             save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(),
-                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {})})
+                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {}),
+                             **({"data_files": train.stamps()} if hasattr(train, "stamps") else {})})
             speed.restart()
     bar.close()
 
+    stop_if_lock_lost(accelerator, cfg, cfg.max_steps)
     save_final(accelerator, model, tokenizer, cfg)
     replicas = replica_report(accelerator, model)
     if main:

@@ -14,12 +14,17 @@ fragmentation), and every rank takes the minimum over ranks:
   DeepSpeed, which fixes the micro-batch in its engine before a trial could run, an estimate from the
   model's shape against the free memory, said so in the start-up block.
 
+Either way only micro-batches up to :data:`MAX_MICRO_BATCH` are considered, so a huge
+``global_batch_size`` costs the choice no more than a small one; the start-up line says what was
+considered and tried.
+
 The split does not change what is trained: the objective's draws are keyed per sequence of the global
 batch (``rpt.training.step.make_batch``), and the step's gradient is the mean over the global batch.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +34,9 @@ import torch
 from rpt.training.config import ConfigError, TrainConfig
 
 HEADROOM = 0.10  # of the device's memory left free by the chosen micro-batch's training step
+# The largest micro-batch ``auto`` considers: far above what a device holds of any model worth
+# training, and it bounds the search's work whatever ``global_batch_size`` is.
+MAX_MICRO_BATCH = 1 << 16
 GIB = 2**30
 
 
@@ -82,9 +90,22 @@ def check_split(cfg: TrainConfig, world: int) -> None:
     fixed_split(cfg, world)
 
 
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, largest first: the micro-batches that keep a share of ``n`` sequences."""
-    return [d for d in range(n, 0, -1) if n % d == 0]
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    """The divisors of ``n`` up to ``at_most`` (default ``n``), largest first: the micro-batches that keep
+    a share of ``n`` sequences. ``min(at_most, sqrt(n))`` steps, so a huge ``n`` costs no more than the cap."""
+    cap = n if at_most is None else max(1, min(n, at_most))
+    root = math.isqrt(n)
+    if cap <= root:
+        return [d for d in range(cap, 0, -1) if n % d == 0]
+    small = [d for d in range(1, root + 1) if n % d == 0]
+    return sorted({d for d in small} | {n // d for d in small if n // d <= cap}, reverse=True)
+
+
+def considered(share: int) -> str:
+    """What the automatic choice looked at, for its start-up line."""
+    if share <= MAX_MICRO_BATCH:
+        return f"the divisors of the share {share}"
+    return f"the divisors of the share {share} up to {MAX_MICRO_BATCH} (the cap on an automatic micro-batch)"
 
 
 def search(share: int, fits: Callable[[int], None], start: int) -> tuple[int, list[int]]:
@@ -93,7 +114,7 @@ def search(share: int, fits: Callable[[int], None], start: int) -> tuple[int, li
     divisors). Any other error propagates; a ConfigError when not even one sequence fits."""
     from accelerate.utils import find_executable_batch_size
 
-    candidates = iter([d for d in divisors(share) if d <= max(1, start)])
+    candidates = iter(divisors(share, min(start, MAX_MICRO_BATCH)))
     tried: list[int] = []
 
     def attempt(micro: int) -> int:
@@ -117,7 +138,7 @@ def start_from_probes(share: int, peak_1: int, peak_2: int | None, budget: int) 
     if peak_2 is None:
         return 1
     per_sequence = max(1, peak_2 - peak_1)
-    return max(1, min(share, 1 + (budget - peak_1) // per_sequence))
+    return max(1, min(share, MAX_MICRO_BATCH, 1 + (budget - peak_1) // per_sequence))
 
 
 def trainable_bytes(model: torch.nn.Module) -> int:
@@ -169,9 +190,10 @@ def estimate(cfg: TrainConfig, model: torch.nn.Module, share: int, device: torch
     free, where = available_bytes(device)
     budget = free * (1 - HEADROOM) - 3 * trainable_bytes(model)  # gradients + AdamW's two moments
     per_sequence = activation_bytes_per_token(model, cfg.precision, cfg.gradient_checkpointing) * cfg.seq_len
-    micro = next((d for d in divisors(share) if d * per_sequence <= budget), 1)
+    fit = max(1, int(budget // per_sequence)) if per_sequence > 0 and budget > 0 else 1
+    micro = divisors(share, min(fit, MAX_MICRO_BATCH))[0]
     return Split(micro, share // micro, f"{reason}: an estimate of {size(per_sequence)} per sequence against "
-                                         f"{where}, {HEADROOM:.0%} kept free")
+                                         f"{where}, {HEADROOM:.0%} kept free; {considered(share)}")
 
 
 class DeviceMemory:
@@ -228,6 +250,7 @@ def searched(share: int, trial: Callable[[int], None], memory, extra: int) -> Sp
     over = [m for m in tried if m > micro]
     how = (f"searched on {memory.device}: peak {size(peaks[micro])} + optimizer state {size(extra)} of "
            f"{size(total)} ({HEADROOM:.0%} of the device kept free)"
+           + f"; tried {', '.join(map(str, tried))} of {considered(share)}"
            + (f"; {', '.join(map(str, over))} did not fit" if over else "")
            + (f"; {share} is the whole share of this process" if micro == share else ""))
     return Split(micro, share // micro, how)

@@ -84,11 +84,19 @@ def check_same_data(start: Start, data_key: str | None, train) -> None:
     trainer_state.json, :meth:`rpt.data.token_store.TokenStore.content_key`): resumed over other tokens
     (a corpus rewritten since, whose store was prepared again), it would go on training on other data
     from there without a word, so it is refused, on every rank alike, before the model is prepared.
-    Checkpoints written before they recorded the key, and streamed data (no key), resume as before."""
+    Checkpoints written before they recorded the key, and streamed data (no key), resume as before.
+
+    The key is read from the store's index; the shards' own bytes are checked against the stamps the
+    checkpoint recorded (``data_files``, :meth:`rpt.data.token_store.TokenStore.check_unchanged`): a shard
+    rewritten in place since, even to the same size, is hashed and refused when its tokens differ."""
     recorded = start.state.get("data_key")
+    store = getattr(getattr(train, "packed", None), "store", None)
     if recorded is None or data_key is None or recorded == data_key:
+        stamps = start.state.get("data_files")
+        if store is not None and isinstance(stamps, dict):  # the same index; the same bytes in its shards too
+            store.check_unchanged(stamps, since=f"{start.checkpoint} was written")
         return
-    store = getattr(getattr(getattr(train, "packed", None), "store", None), "path", "?")
+    store = getattr(store, "path", "?")
     raise ConfigError(
         f"{start.checkpoint} was trained on token data {recorded}, but the training data is now {data_key} "
         f"({store}: the corpus changed since): its data_position {start.state['data_position']} would continue in "

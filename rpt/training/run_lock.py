@@ -142,8 +142,13 @@ def take_run_lock(output_dir: str, force: bool | None = None) -> None:
                 _HELD[path] = held
                 return  # this process holds it already (a second run in one process)
             held.stop.set()
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not os.path.islink(path):
             raise ConfigError(f"{path} is a directory; it is where a trainer's lock goes: remove it")
+        if os.path.islink(path):  # link(2) cannot replace it and stat follows it: named here, not retried
+            target = os.readlink(path)
+            state = "" if os.path.exists(path) else ", which does not exist"
+            raise ConfigError(f"{path} is a symbolic link (to {target}{state}), not a trainer's lock file; remove the "
+                              f"link (rm {path}) and start the run again")
         now = time.time()
         record = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
                   "token": uuid.uuid4().hex, "started": now, "heartbeat": now}
@@ -193,6 +198,24 @@ def _clear_stale(path: str, force: bool) -> None:
         raise ConfigError(f"another trainer just took {path} ({_describe(moved)}); use another output_dir")
     os.unlink(aside)
     print(f"note: took over {path} from {_describe(holder)} ({reason})", flush=True)
+
+
+class LockLost(ConfigError):
+    """This trainer's lock was taken by another (``--break-lock``): it stops before its next write."""
+
+
+def lost_reason(output_dir: str) -> str | None:
+    """Why this process no longer holds ``output_dir``'s lock, or None (it does, or it never took one).
+    One read of a small file: cheap enough before every write of metrics or a checkpoint."""
+    path = os.path.abspath(os.path.join(output_dir, LOCK_NAME))
+    held = _HELD.get(path)
+    if held is None:
+        return None
+    holder = _read(path)  # the lock is replaced atomically: a reader sees a whole record or none
+    if holder is not None and holder.get("token") == held.record["token"]:
+        return None
+    return (f"{path} was taken over by {_describe(holder)}" if holder is not None or os.path.lexists(path)
+            else f"{path} was removed")
 
 
 def release_run_lock(output_dir: str | None = None) -> None:

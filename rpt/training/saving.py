@@ -9,8 +9,11 @@ tokenizer, the config and the run's segments.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pickle
+import shutil
 from typing import Any
 
 import yaml
@@ -21,6 +24,7 @@ from rpt.checkpoint.directories import (
     check_plain_files,
     clear_dir,
     commit_dir,
+    latest_checkpoint,
     load_data_state,
     load_scheduler_state,
     prune_checkpoints,
@@ -93,10 +97,54 @@ def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metri
     return step, position
 
 
+def write_failure(exc: BaseException) -> str | None:
+    """The cause, in a few words, of a write that failed (a full disk, a quota, a read-only file
+    system: an ``OSError``, torch's ``file write failed`` or safetensors' ``IoError``); None for an
+    error that is not about writing."""
+    from safetensors import SafetensorError
+
+    if isinstance(exc, OSError):
+        return os.strerror(exc.errno) if exc.errno else (str(exc) or type(exc).__name__)
+    text = str(exc)
+    if isinstance(exc, SafetensorError) or (isinstance(exc, RuntimeError) and "write" in text.lower()):
+        for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):  # a Rust or C++ message holding an errno
+            if f"os error {code}" in text or f"code: {code}," in text or os.strerror(code) in text:
+                return os.strerror(code)
+        return text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
+    return None
+
+
+@contextlib.contextmanager
+def written_whole(tmp: str, final_path: str, output_dir: str, main: bool):
+    """Writing ``tmp`` (renamed to ``final_path`` when complete): a failed write (see :func:`write_failure`)
+    removes ``tmp`` and is one :class:`CheckpointError` naming the path and the cause; the checkpoints
+    already written are left as they were."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 -- only a failed write is answered here; anything else is re-raised
+        cause = write_failure(e)
+        if cause is None:
+            raise
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)  # the half-written copy, which also frees the space it took
+        kept = latest_checkpoint(output_dir)
+        raise CheckpointError(f"could not write {final_path} ({cause}); {f'the previous checkpoint {kept} is intact' if kept else 'no earlier checkpoint exists'}"
+                              f": free space in {output_dir} (or lower keep_last), then resume") from None
+
+
 def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, scheduler,
                     data_state: dict | None = None, split: dict[str, Any] | None = None) -> None:
     final_path = os.path.join(cfg.output_dir, f"checkpoint-{step}")
     tmp = temp_dir_for(final_path)
+    with written_whole(tmp, final_path, cfg.output_dir, accelerator.is_main_process):
+        _save_checkpoint(accelerator, cfg, step, data_position, scheduler, tmp, final_path, data_state, split)
+    if accelerator.is_main_process:
+        prune_checkpoints(cfg.output_dir, cfg.keep_last)
+    accelerator.wait_for_everyone()
+
+
+def _save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int, scheduler, tmp: str,
+                     final_path: str, data_state: dict | None, split: dict[str, Any] | None) -> None:
     if accelerator.is_main_process:
         clear_dir(tmp)
     accelerator.wait_for_everyone()
@@ -112,8 +160,6 @@ def save_checkpoint(accelerator, cfg: TrainConfig, step: int, data_position: int
         save_scheduler_state(tmp, scheduler)
         write_manifest(tmp)  # last: the hash of every file, verified before a resume reads any
         commit_dir(tmp, final_path)
-        prune_checkpoints(cfg.output_dir, cfg.keep_last)
-    accelerator.wait_for_everyone()
 
 
 def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
@@ -122,17 +168,22 @@ def save_final(accelerator, model, tokenizer, cfg: TrainConfig) -> None:
     tmp = temp_dir_for(final_path)
     state = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards; every rank must call it
     if accelerator.is_main_process:
-        clear_dir(tmp)
-        if cfg.lora is not None:
-            save_lora_checkpoint(accelerator.unwrap_model(model), tmp, cfg.lora, lora_base(cfg), state, final_path)
-        else:
-            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "training_config.yaml"), "w") as f:
-            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
-        copy_segments(cfg.output_dir, tmp)  # how these weights were trained: each invocation's steps and changes
-        commit_dir(tmp, final_path)
+        with written_whole(tmp, final_path, cfg.output_dir, True):
+            _save_final(accelerator, model, tokenizer, cfg, state, tmp, final_path)
     accelerator.wait_for_everyone()
+
+
+def _save_final(accelerator, model, tokenizer, cfg: TrainConfig, state, tmp: str, final_path: str) -> None:
+    clear_dir(tmp)
+    if cfg.lora is not None:
+        save_lora_checkpoint(accelerator.unwrap_model(model), tmp, cfg.lora, lora_base(cfg), state, final_path)
+    else:
+        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state)
+    tokenizer.save_pretrained(tmp)
+    with open(os.path.join(tmp, "training_config.yaml"), "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    copy_segments(cfg.output_dir, tmp)  # how these weights were trained: each invocation's steps and changes
+    commit_dir(tmp, final_path)
 
 
 def lora_base(cfg: TrainConfig) -> str | None:

@@ -22,6 +22,7 @@ from rpt.training.compiled_blocks import eager_blocks
 from rpt.training.config import ConfigError, TrainConfig
 from rpt.training.micro_batch import Split
 from rpt.training.micro_batch import choose as choose_micro_batch
+from rpt.training.run_lock import LockLost, lost_reason
 
 # How the objective's draws are keyed, recorded in every checkpoint (trainer_state.json "draws"):
 # per sequence of the global batch, so that the micro-batch does not change what is trained; runs
@@ -142,6 +143,21 @@ def stop_if_not_finite(accelerator, meter: LossMeter, cfg: TrainConfig, bar=None
         raise TrainingDiverged(f"the training loss became NaN or inf at step {step}; the run stopped without saving that "
                                f"step ({f'last good checkpoint: {kept}' if kept else 'no checkpoint was written yet'}): start "
                                "a new run (another output_dir) with a lower 'lr' or max_grad_norm > 0, or check the data")
+
+
+def stop_if_lock_lost(accelerator, cfg: TrainConfig, step: int, bar=None) -> None:
+    """Stop every rank together, before anything of ``step`` is written, when the main process's lock on
+    ``output_dir`` was taken by another trainer (``train.py --break-lock``): two trainers never write one run."""
+    why = lost_reason(cfg.output_dir) if accelerator.is_main_process else None
+    lost = why is not None
+    if accelerator.num_processes > 1:  # every rank learns it (none is left waiting in a collective)
+        lost = float(accelerator.reduce(torch.tensor([float(lost)], device=accelerator.device), "max")) > 0
+    if lost:
+        if bar is not None:
+            bar.close()
+        kept = latest_checkpoint(cfg.output_dir)
+        raise LockLost(f"{why or 'the run lock was taken by another trainer'}; this trainer stopped before writing step "
+                       f"{step} (the other one now writes {cfg.output_dir}; its last checkpoint: {kept or 'none'})")
 
 
 def split_record(split: Split, draws: str) -> dict[str, Any]:
