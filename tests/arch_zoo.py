@@ -42,6 +42,14 @@ ZOO: dict[str, tuple[str, dict]] = {
     "gemma": ("gemma", _GEMMA_LIKE),
     "gemma2": ("gemma2", dict(_GEMMA_LIKE, final_logit_softcapping=3.0)),
     "gemma3_text": ("gemma3_text", dict(_GEMMA_LIKE, final_logit_softcapping=3.0)),
+    # variants whose path differs inside a family: OPT-350m's projected embedding, Falcon-40B's decoder,
+    # Gemma 3's interleaved sliding / full attention layers
+    "opt_projected": ("opt", dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                  word_embed_proj_dim=16, max_position_embeddings=256)),
+    "falcon_new_decoder": ("falcon", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+                                          new_decoder_architecture=True, max_position_embeddings=256)),
+    "gemma3_interleaved": ("gemma3_text", dict(_GEMMA_LIKE, sliding_window=64,
+                                               layer_types=["sliding_attention", "full_attention"])),
     # ALiBi: attention biases from token distances, no position ids (refused by RPTForCausalLM.from_base)
     "bloom": ("bloom", dict(hidden_size=32, n_layer=2, n_head=4)),
     "mpt": ("mpt", dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=256)),
@@ -51,7 +59,7 @@ ZOO: dict[str, tuple[str, dict]] = {
 ALIBI = ("bloom", "mpt", "falcon_alibi")
 # std of the noise added to each layer's 1-D parameters (norm weights, biases); Gemma 2 / 3 normalise
 # every sublayer's output, so their sublayers need large norm weights to outweigh the scaled embedding
-SPREAD = {"gemma2": 10.0, "gemma3_text": 10.0}
+SPREAD = {"gemma2": 10.0, "gemma3_text": 10.0, "gemma3_interleaved": 10.0}
 
 
 def tiny_config(name: str, attn: str = "sdpa"):

@@ -106,6 +106,7 @@ def embedding_refusal(lm: nn.Module) -> str | None:
 
 def check_architecture(lm: nn.Module) -> None:
     """Raise :class:`UnsupportedArchitecture` (one line) unless RPT can wrap ``lm``."""
-    reason = architecture_refusal(lm.config, type(lm)) or embedding_refusal(lm)
+    inner = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # a PEFT model: the HF model it wraps
+    reason = architecture_refusal(inner.config, type(inner)) or embedding_refusal(inner)
     if reason is not None:
         raise UnsupportedArchitecture(f"cannot wrap for RPT: {reason}")

@@ -37,7 +37,13 @@ from transformers.utils import ModelOutput
 
 from rpt.checkpoint.custom_generate import write_custom_generate
 from rpt.checkpoint.directories import CheckpointError, unpickling_detail
-from rpt.checkpoint.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, input_embedding_scale, module_key
+from rpt.checkpoint.faithful import (
+    FORMAT_FOLDED,
+    embeddings_tied,
+    fold_ntp_row,
+    input_embedding_scale,
+    module_key,
+)
 from rpt.checkpoint.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
     LEGACY_TABLE_NAME,
     RPT_CONFIG_NAME,
