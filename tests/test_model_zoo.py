@@ -9,8 +9,11 @@ holds all four guarantees or is refused when it is wrapped, in one line naming i
 4. after a save, plain ``AutoModelForCausalLM`` computes the trained RPT model's next-token logits
    (float32), and the reloaded RPT model its previous-token ones.
 
-A representative subset runs by default; the whole zoo is ``slow``.
+A representative subset runs by default; the whole zoo is ``slow``, and so is ``train.py`` training
+each family two steps from a from-config spec.
 """
+
+import math
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from rpt.model.objective import make_rpt_batch, ntp_batch
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.fast_decoder import generate
 from rpt.sampling.reference import generate_reference
+from rpt.training.metrics import read_metrics
 from tests.arch_zoo import ALIBI, VOCAB, ZOO, tiny_model
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import write_config
@@ -175,3 +179,16 @@ def test_train_refuses_an_alibi_model_before_any_work(tmp_path, capsys, source):
     line = one_error_line(capsys.readouterr().err)
     assert "config key 'model'" in line and "BloomForCausalLM is an ALiBi model" in line
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()  # refused before any work
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WRAPPED)
+def test_train_py_trains_every_family(tmp_path, name):
+    """The trainer's own path (from-config build, FLOPs count, evaluation, save) on each family."""
+    model_type, kwargs = ZOO[name]
+    config = write_config(tmp_path, model={"model_type": model_type, **kwargs}, max_steps=2, warmup_steps=1,
+                          eval_every=2, save_every=2, eval_batches=1)
+    assert train_main(config) == 0
+    last = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
+    assert last["step"] == 2 and math.isfinite(last["loss"]) and math.isfinite(last["eval_loss"])
+    assert (tmp_path / "run" / "final" / "rpt_config.json").is_file()

@@ -118,7 +118,7 @@ def _model_config(cfg: TrainConfig):
 def check_model_architecture(cfg: TrainConfig) -> None:
     """The model's family can be wrapped for RPT (:mod:`rpt.model.architectures`): an ALiBi model is refused
     before a tokenizer is trained or a weight read (the wrapper refuses it again when it is built)."""
-    from rpt.model.architectures import architecture_refusal, causal_lm_class  # late: torch, after the cheap checks
+    from rpt.model.architectures import architecture_refusal, causal_lm_class  # late: torch
 
     config = _model_config(cfg)
     if config is None:
