@@ -139,6 +139,18 @@ def test_alibi_models_are_refused_in_one_line(name):
     assert "\n" not in message and type(base).__name__ in message and "ALiBi" in message and "position" in message
 
 
+@pytest.mark.parametrize("name", ALIBI)
+def test_the_fast_decoder_refuses_a_plain_alibi_model_in_one_line(name):
+    """Plain NTP decoding (rpt_iters=0) feeds position ids and a position-addressed cache too: BLOOM
+    and Falcon-ALiBi died in an unpacking error there; every ALiBi model is one ValueError instead."""
+    base = tiny_model(name)
+    with pytest.raises(ValueError) as info:
+        generate(base, tokens((1, 5), 3), SamplingConfig(max_new_tokens=4))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{type(base).__name__} is an ALiBi model")
+    assert "transformers' generate" in message
+
+
 def test_a_forward_without_position_ids_is_refused_even_without_an_alibi_flag():
     """The rule is the forward's signature, not a list of names: MPT with ``alibi`` off takes no position ids either."""
     from rpt.model.architectures import architecture_refusal, causal_lm_class

@@ -56,17 +56,30 @@ def uses_alibi(config) -> bool:
     return bool(getattr(config, "alibi", False) or getattr(getattr(config, "attn_config", None), "alibi", False))
 
 
+def position_refusal(config, model_class: type | None = None) -> str | None:
+    """``"<Class> is an ALiBi model (...)"`` / ``"<Class> takes no position_ids ..."`` when a model of
+    ``config`` (and ``model_class``, when known) cannot be given position ids; None when it can."""
+    name = _name(config, model_class)
+    if uses_alibi(config):
+        return f"{name} is an ALiBi model (positions enter as attention biases from the token order; it takes no position ids)"
+    if model_class is not None and "position_ids" not in inspect.signature(model_class.forward).parameters:
+        return f"{name} takes no position_ids in its forward"
+    return None
+
+
 def architecture_refusal(config, model_class: type | None = None) -> str | None:
     """Why a model of ``config`` (and ``model_class``, when known) cannot be wrapped; None when it can."""
-    name = _name(config, model_class)
-    takes_positions = model_class is None or "position_ids" in inspect.signature(model_class.forward).parameters
-    if uses_alibi(config) or not takes_positions:
-        why = ("is an ALiBi model (positions enter as attention biases from the token order; it takes no position ids)"
-               if uses_alibi(config) else "takes no position_ids in its forward")
-        return (f"{name} {why}, so RPT's permuted window cannot give it the tokens' positions: training would read the "
-                "permuted order as the text's; use a model with rotary or learned positions (Llama, Qwen, Mistral, "
-                "Falcon with alibi=False, GPT-2, ...)")
-    return None
+    why = position_refusal(config, model_class)
+    if why is None:
+        return None
+    return (f"{why}, so RPT's permuted window cannot give it the tokens' positions: training would read the permuted "
+            "order as the text's; use a model with rotary or learned positions (Llama, Qwen, Mistral, Falcon with "
+            "alibi=False, GPT-2, ...)")
+
+
+def hf_model(lm: nn.Module) -> nn.Module:
+    """The Hugging Face model inside ``lm`` (a PEFT model's base model; else ``lm``)."""
+    return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
 
 
 def causal_lm_class(config) -> type | None:
@@ -106,7 +119,7 @@ def embedding_refusal(lm: nn.Module) -> str | None:
 
 def check_architecture(lm: nn.Module) -> None:
     """Raise :class:`UnsupportedArchitecture` (one line) unless RPT can wrap ``lm``."""
-    inner = lm.get_base_model() if hasattr(lm, "get_base_model") else lm  # a PEFT model: the HF model it wraps
+    inner = hf_model(lm)
     reason = architecture_refusal(inner.config, type(inner)) or embedding_refusal(inner)
     if reason is not None:
         raise UnsupportedArchitecture(f"cannot wrap for RPT: {reason}")
