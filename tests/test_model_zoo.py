@@ -105,7 +105,7 @@ def check_fast_equals_reference(model: RPTForCausalLM) -> tuple[int, int]:
     fast = generate(model, ids, cfg, attention_mask=mask)
     ref = generate_reference(model, ids, cfg, attention_mask=mask)
     assert torch.equal(fast.sequences, ref.sequences)
-    assert fast.stats["corrections"] == ref.stats["corrections"]
+    assert fast.stats["corrections"] == ref.stats["corrections"] > 0  # RPT moved tokens: PTP was read
     distinct = max(len(set(row[7:].tolist())) for row in ref.sequences)
     assert distinct > 1  # not one repeated token
     return ref.stats["corrections"], distinct
