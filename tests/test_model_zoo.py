@@ -151,6 +151,18 @@ def test_the_fast_decoder_refuses_a_plain_alibi_model_in_one_line(name):
     assert "transformers' generate" in message
 
 
+def test_sample_py_refuses_a_plain_alibi_checkpoint_in_one_line(tmp_path, capsys):
+    import sample
+    from tests.tiny_models import tiny_tokenizer
+
+    tiny_model("bloom").save_pretrained(tmp_path / "bloom")
+    tiny_tokenizer().save_pretrained(tmp_path / "bloom")
+    code = sample.main(["--checkpoint", str(tmp_path / "bloom"), "--prompt", "def f", "--rpt-iters", "0",
+                        "--max-new-tokens", "4"])
+    assert code == 2
+    assert "BloomForCausalLM is an ALiBi model" in one_error_line(capsys.readouterr().err)
+
+
 def test_a_forward_without_position_ids_is_refused_even_without_an_alibi_flag():
     """The rule is the forward's signature, not a list of names: MPT with ``alibi`` off takes no position ids either."""
     from rpt.model.architectures import architecture_refusal, causal_lm_class
