@@ -151,6 +151,7 @@ def test_the_fast_decoder_refuses_a_plain_alibi_model_in_one_line(name):
     assert "transformers' generate" in message
 
 
+@pytest.mark.slow  # 3 s; the decoder's refusal it prints is in the default suite above
 def test_sample_py_refuses_a_plain_alibi_checkpoint_in_one_line(tmp_path, capsys):
     import sample
     from tests.tiny_models import tiny_tokenizer
