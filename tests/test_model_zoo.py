@@ -125,9 +125,14 @@ def test_family_holds_every_guarantee(tmp_path, name):
     check_fast_equals_reference(model)
 
 
-def test_the_zoo_is_every_tested_family():
-    """What the docs list (rpt.model.architectures.TESTED_FAMILIES) is what this file checks."""
+def test_the_zoo_is_every_tested_family_and_the_docs_name_each():
+    """rpt.model.architectures.TESTED_FAMILIES is what this file checks, and what the README and science.md list."""
+    from tests.scripts import ROOT
+
     assert sorted(TESTED_FAMILIES) == sorted({ZOO[n][0] for n in WRAPPED})
+    for doc in ("README.md", "docs/science.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        assert [name for name in TESTED_FAMILIES.values() if name.split(" (")[0] not in text] == [], doc
 
 
 @pytest.mark.parametrize("name", ALIBI)
