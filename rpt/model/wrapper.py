@@ -37,7 +37,13 @@ from transformers.utils import ModelOutput
 
 from rpt.checkpoint.custom_generate import write_custom_generate
 from rpt.checkpoint.directories import CheckpointError, unpickling_detail
-from rpt.checkpoint.faithful import FORMAT_FOLDED, embeddings_tied, fold_ntp_row, module_key
+from rpt.checkpoint.faithful import (
+    FORMAT_FOLDED,
+    embeddings_tied,
+    fold_ntp_row,
+    input_embedding_scale,
+    module_key,
+)
 from rpt.checkpoint.rpt_config import (  # noqa: F401  (re-exported: the checkpoint format's names)
     LEGACY_TABLE_NAME,
     RPT_CONFIG_NAME,
@@ -51,6 +57,7 @@ from rpt.checkpoint.rpt_config import (  # noqa: F401  (re-exported: the checkpo
     read_rpt_config,
     table_path,
 )
+from rpt.model.architectures import check_architecture
 from rpt.model.loss import linear_cross_entropy, plan_blocks
 from rpt.model.no_padding_mask import no_padding_mask
 from rpt.model.objective import IGNORE_INDEX
@@ -167,6 +174,7 @@ class RPTForCausalLM(nn.Module):
         super().__init__()
         if not isinstance(window, int) or window < 2:
             raise ValueError(f"window must be an integer >= 2 (got {window!r}); the paper uses w=3")
+        check_architecture(base)  # ALiBi models and unfoldable embeddings: one line, before anything is built
         self.lm = base
         self.window = window
         token_embedding = base.get_input_embeddings()
@@ -184,7 +192,9 @@ class RPTForCausalLM(nn.Module):
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_base(cls, model: PreTrainedModel, window: int) -> RPTForCausalLM:
-        """Wrap ``model`` with a zero offset table: logits are exactly the base model's."""
+        """Wrap ``model`` with a zero offset table: logits are exactly the base model's. A family RPT cannot
+        hold (ALiBi models: BLOOM, MPT, Falcon with ``alibi=True``) is refused in one line
+        (:class:`~rpt.model.architectures.UnsupportedArchitecture`, :mod:`rpt.model.architectures`)."""
         return cls(model, window)
 
     @classmethod
@@ -268,7 +278,8 @@ class RPTForCausalLM(nn.Module):
         tied = embeddings_tied(self.lm)
         if tied and output_key not in base_state:
             base_state = {**base_state, output_key: base_state[input_key]}  # a gathered tied state names one copy
-        base_state, table = fold_ntp_row(base_state, absolute, input_key, output_key, tied)
+        base_state, table = fold_ntp_row(base_state, absolute, input_key, output_key, tied,
+                                         scale=input_embedding_scale(self.lm.get_input_embeddings()))
         config = self.lm.config
         was_tied = getattr(config, "tie_word_embeddings", None)
         if tied:

@@ -28,7 +28,8 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
     """Sample continuations of ``input_ids`` (``[batch, T]``, left-padded with ``attention_mask``) with RPT.
 
     Args:
-        model: an :class:`~rpt.model.RPTForCausalLM` (any HF causal LM when ``rpt_iters == 0``), in
+        model: an :class:`~rpt.model.RPTForCausalLM` (any HF causal LM that takes position ids -- not
+            an ALiBi one, :mod:`rpt.model.architectures` -- when ``rpt_iters == 0``), in
             eval mode, with full-attention layers or sliding-window ones whose window covers the
             decode (sdpa or eager; flex / flash attention models run the calls with a custom mask
             with sdpa). NaN / inf logits raise ``ValueError``.

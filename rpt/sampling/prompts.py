@@ -9,6 +9,7 @@ import torch
 
 from rpt.checkpoint.rpt_config import check_rpt_objective, check_window_covers
 from rpt.model import RPTForCausalLM
+from rpt.model.architectures import hf_model, position_refusal
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.healing import TokenVocabulary, heal_prompt
 
@@ -30,6 +31,11 @@ def check_model(model, config: SamplingConfig) -> None:
                 f"rpt_iters={config.rpt_iters} needs an RPTForCausalLM (a model trained with RPT); "
                 f"got {type(model).__name__}. Use rpt_iters=0 for plain next-token sampling"
             )
+        inner = hf_model(model)
+        why = position_refusal(getattr(inner, "config", None), type(inner))
+        if why is not None:  # its forward would take the decoder's position ids as something else, or not at all
+            raise ValueError(f"{why}; this decoder addresses its KV cache by position ids, so it cannot decode it: "
+                             "sample it with transformers' generate")
         return
     if config.rpt_iters > 0:
         check_window_covers(model.window, config.rpt_window, "the model")

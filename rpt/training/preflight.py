@@ -83,6 +83,7 @@ def check_train_inputs(cfg: TrainConfig) -> None:
     check_output_dir(cfg.cache_dir, "config key 'cache_dir'")
     check_tracker(cfg.report_to)
     check_model_refs(cfg)
+    check_model_architecture(cfg)
 
 
 def check_model_refs(cfg: TrainConfig) -> None:
@@ -97,6 +98,35 @@ def check_model_refs(cfg: TrainConfig) -> None:
             # the run's tokenizer comes from this directory unless named, or taken from a token store
             _check_model_dir(key, ref, resolved, needs_tokenizer=cfg.tokenizer is None
                              and not (isinstance(cfg.data, dict) and "tokens" in cfg.data))
+
+
+def _model_config(cfg: TrainConfig):
+    """The transformers config of the model the run builds, where it can be read without a download
+    (a from-config spec, a local directory, a cached hub id); None otherwise."""
+    from transformers import AutoConfig
+
+    source = cfg.init_from or cfg.model
+    try:
+        if isinstance(source, dict):
+            spec = dict(source)
+            return AutoConfig.for_model(spec.pop("model_type"), **spec)
+        return AutoConfig.from_pretrained(source, local_files_only=True)
+    except Exception:  # unreadable here: building the model reports why, and wrapping checks the family again
+        return None
+
+
+def check_model_architecture(cfg: TrainConfig) -> None:
+    """The model's family can be wrapped for RPT (:mod:`rpt.model.architectures`): an ALiBi model is refused
+    before a tokenizer is trained or a weight read (the wrapper refuses it again when it is built)."""
+    from rpt.model.architectures import architecture_refusal, causal_lm_class  # late: torch
+
+    config = _model_config(cfg)
+    if config is None:
+        return
+    reason = architecture_refusal(config, causal_lm_class(config))
+    if reason is not None:
+        key = "init_from" if cfg.init_from else "model"
+        raise ConfigError(f"config key {key!r}: cannot train with RPT: {reason}")
 
 
 def _check_model_dir(key: str, ref: str, path: str, needs_tokenizer: bool) -> None:
