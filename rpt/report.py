@@ -69,6 +69,15 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return Path(path)
 
 
+def write_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
+    """Write numpy arrays as one compressed ``.npz`` atomically (``numpy.load`` reads it back)."""
+    import numpy as np
+
+    with _atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: savez would append ".npz" to a name
+        np.savez_compressed(f, **arrays)
+    return Path(path)
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub markdown table; floats are shown with 4 significant digits."""
 
