@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe off the main thread
 
 
@@ -71,8 +72,6 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def write_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
     """Write numpy arrays as one compressed ``.npz`` atomically (``numpy.load`` reads it back)."""
-    import numpy as np
-
     with _atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: savez would append ".npz" to a name
         np.savez_compressed(f, **arrays)
     return Path(path)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rpt.studies.agreement_decomposition import decompose
+
 AGREEMENT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "agreement.json"
 
 
 def agreement_tradeoff(path: Path = AGREEMENT_RESULTS) -> dict | None:
     """``{"line", "results"}``: the study's trade-off in one line, every number from ``path``; None
     where the results are not there (a copy of the package without the docs)."""
-    from rpt.studies.agreement_decomposition import decompose
-
     if not path.is_file():
         return None
     summary = json.loads(path.read_text(encoding="utf-8"))
