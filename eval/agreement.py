@@ -82,7 +82,11 @@ def report(path: str) -> int:
         return 2
     try:
         paths = results.rereport(path)
-    except (ValueError, KeyError) as e:
+    except KeyError as e:
+        print(f"error: --report {path}: not an agreement study's results (no {e}); give the JSON eval/agreement.py wrote",
+              file=sys.stderr)
+        return 2
+    except ValueError as e:  # json.JSONDecodeError is one
         print(f"error: --report {path}: {e}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -532,3 +532,16 @@ def test_official_results_decompose_as_reported():
     assert 0.6 < d["rpt_q0.3"]["pooled"]["training_share"] < 0.7
     lo, hi = d["rpt_q0.1"]["tag_first"]["training"]["ci95_seeds"]
     assert lo < 0 < hi
+
+
+def test_report_of_bad_results_is_one_line_and_writes_nothing(tmp_path, capsys):
+    script = load_script("eval/agreement.py")
+    bad = tmp_path / "r.json"
+    for text, says in (("{\"study\": \"other\"}", "not an agreement study's results"), ("{", "Expecting")):
+        bad.write_text(text)
+        assert script.main(["--report", str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and bad.read_text() == text
+        assert not (tmp_path / "r.md").exists()
+    assert script.main(["--report", str(tmp_path / "missing.json")]) == 2
+    assert "no such results file" in capsys.readouterr().err
