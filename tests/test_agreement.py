@@ -378,7 +378,13 @@ def test_decision_rules_on_constructed_results():
 
 
 # ---- reproducing the official run ---------------------------------------------------------------------------
-REPRODUCTION_TOLERANCE = 1e-9  # the official models retrain bit for bit on the same CPU; the evaluator sums in float64
+# A run is deterministic bit for bit in one environment (torch, transformers, CPU). In another (torch
+# 2.13.0+cpu, transformers 5.23.0, AMD EPYC) the official run's code (746b1c5) and today's with the
+# registered keying wrote byte-identical weights for this model, which scores 5.5e-4 / 3.8e-4
+# (tag-first) and 6.0e-4 / 2.5e-4 (content-first) off the official TV0 / TV1: what the environment moves a
+# 1400-step run by. 1e-3 holds that and still catches a keying change (the per-sequence keying was
+# measured at tag-first 0.0895 / 0.0629, 2.1e-3 / 5.9e-3 off).
+REPRODUCTION_TOLERANCE = 1e-3
 
 
 @pytest.mark.slow
@@ -386,7 +392,7 @@ def test_seed_0_of_the_primary_arm_retrains_to_the_official_numbers(tmp_path):
     """``eval/agreement.py``'s training of seed 0's RPT q = 0.3 model, from scratch with the config's keying
     (the registered one), scores the official docs/agreement.json's TV0 / TV1 on both window types (tag-first
     0.0874 / 0.0688) to REPRODUCTION_TOLERANCE. Trained as the official run trained it: train.py in a process
-    of its own with one thread; on another kind of CPU the float sums, and so the model, may differ."""
+    of its own with one thread. About 7 minutes of one core (16 on a loaded 2-core machine)."""
     from rpt.studies.controlled_run import run_jobs
 
     official = json.loads((runner.ROOT / runner.OFFICIAL_OUT).read_text())
