@@ -6,7 +6,8 @@ The official seeds (training seeds 0-4 on source seed 0) run only the registered
 once ``docs/agreement_preregistration.md`` is committed and unchanged in git; its sha256 and commit go
 into the results. Every run trains with the keying of the objective's draws that ``configs/agreement.yaml``
 names (``draws``); the official seeds only with the one the protocol was registered with
-(:data:`REGISTERED_DRAWS`), so that the official models retrain bit for bit. The results record the
+(:data:`REGISTERED_DRAWS`), so that the official models retrain as they were trained (bit for bit in
+one environment: torch, transformers and the CPU move the last digits). The results record the
 keying, each model's own (from its ``final/training_config.yaml``), and the code's commit and whether
 the work tree differed from it. Development uses another source seed or other training seeds.
 """
