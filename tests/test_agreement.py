@@ -394,7 +394,7 @@ def test_seed_0_of_the_primary_arm_retrains_to_the_official_numbers(tmp_path):
     """``eval/agreement.py``'s training of seed 0's RPT q = 0.3 model, from scratch with the config's keying
     (the registered one), scores the official docs/agreement.json's TV0 / TV1 on both window types (tag-first
     0.0874 / 0.0688) to REPRODUCTION_TOLERANCE. Trained as the official run trained it: train.py in a process
-    of its own with one thread. About 7 minutes of one core (16 on a loaded 2-core machine)."""
+    of its own with one thread. About 225 s of CPU (11-16 min wall on a loaded 2-core machine)."""
     from rpt.studies.controlled_run import run_jobs
 
     official = json.loads((runner.ROOT / runner.OFFICIAL_OUT).read_text())
