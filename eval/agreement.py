@@ -2,13 +2,18 @@
 
     python eval/agreement.py                                   # the official run: seeds 0-4, source seed 0
     python eval/agreement.py --source-seed 1 --seeds 10 11 --steps 200   # development
+    python eval/agreement.py --report docs/agreement.json      # re-render written results (no training)
 
 Writes the agreement-pairs source (contents 0-15, tags 16-23, 64-token documents; exact joints in
 closed form), trains three arms per training seed from scratch with ``configs/agreement.yaml``
 (pure NTP; RPT w = 2, s = 1, q = 0.3; RPT q = 0.1), each run cached under ``--work`` (a rerun
 resumes), scores every model exactly on 1000 tag-first and 1000 content-first windows (TV between
 the true law of the next two tokens and the model's sampled law at k = 0 and k = 1), and writes the
-predictions P1-P4 and the co-primary with their intervals to ``--out`` (.md/.png beside it).
+predictions P1-P4 and the co-primary with their intervals, and the gap decomposed into RPT sampling and
+RPT training (deciding nothing), to ``--out`` (.md/.png and the per-context TVs, .tvs.npz, beside it).
+Every run trains with the keying of the objective's draws ``configs/agreement.yaml`` names, and records
+it and the code's commit. ``--report`` re-renders written results with the decomposition, its context
+intervals from a ``.tvs.npz`` beside the JSON only if that reproduces every recorded model's means.
 
 The official seeds (training seeds 0-4 with source seed 0) are refused unless the pre-registration and
 ``configs/agreement.yaml`` hold what was registered, compared by content with the registration commit
@@ -27,6 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rpt.report import out_problem  # noqa: E402
+from rpt.studies import agreement_results as results  # noqa: E402
 from rpt.studies import agreement_run as runner  # noqa: E402
 from rpt.training.config import OneLineArgumentParser  # noqa: E402
 
@@ -42,11 +48,15 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--out", default=None, help=f"output JSON (default {runner.OFFICIAL_OUT} for the official "
                         "run, <work>/agreement.json otherwise); .md/.png beside it")
     parser.add_argument("--parallel", type=int, default=2, help="training runs side by side, one thread each")
+    parser.add_argument("--report", default=None, metavar="JSON", help="re-render these written results (and the "
+                        "decomposition) instead of running the study")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.report is not None:
+        return report(args.report)
     problem = runner.argument_problem(args)  # every argument, before any source is written or model trained
     if problem is None:
         try:
@@ -57,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
         official = runner.is_official(design, args.seeds)
         out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
-        problem = out_problem(out, (".md", ".png"))
+        problem = out_problem(out, (".md", ".png", results.TVS_SUFFIX))
         if problem is None and (work.exists() or work.is_symlink()) and not work.is_dir():
             problem = f"--work {work} is a file; name a directory for the source and the runs"
     if problem is not None:
@@ -68,8 +78,26 @@ def main(argv: list[str] | None = None) -> int:
     except runner.Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    paths = runner.write_outputs(out, summary)
+    paths = results.write_outputs(out, summary)
     print(Path(paths[1]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def report(path: str) -> int:
+    if not Path(path).is_file():
+        print(f"error: --report {path}: no such results file; give the JSON a run wrote (e.g. {runner.OFFICIAL_OUT})",
+              file=sys.stderr)
+        return 2
+    try:
+        paths = results.rereport(path)
+    except KeyError as e:
+        print(f"error: --report {path}: not an agreement study's results (no {e}); give the JSON eval/agreement.py wrote",
+              file=sys.stderr)
+        return 2
+    except ValueError as e:  # json.JSONDecodeError is one
+        print(f"error: --report {path}: {e}", file=sys.stderr)
+        return 2
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

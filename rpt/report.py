@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global backend state, safe off the main thread
 
 
@@ -66,6 +67,13 @@ def write_json(path: str | Path, obj: Any) -> Path:
     """Write JSON atomically (temp file + ``os.replace``): readers never see half a file."""
     with _atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def write_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
+    """Write numpy arrays as one compressed ``.npz`` atomically (``numpy.load`` reads it back)."""
+    with _atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: savez would append ".npz" to a name
+        np.savez_compressed(f, **arrays)
     return Path(path)
 
 

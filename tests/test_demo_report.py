@@ -61,6 +61,11 @@ def test_report_carries_the_controlled_experiment_and_the_intervals(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "Controlled experiment" in md and "[-0.0110, -0.0090]" in md and "controlled/controlled.png" in md
     assert "| greedy PTP, confidence 0.9 | 0.7900 | 0.7800 |" in md and "| sampled PTP (eq. 4 as written) | 0.7900 | 0.8100 |" in md
+    # the committed agreement study's trade-off, one line read from docs/agreement.json (not a stage)
+    line = saved["agreement_study"]["line"]
+    assert "TV1 0.0698 vs pure-NTP TV0 0.1028: -0.0330 = RPT sampling -0.0184 (negative in 5 of 5 seeds)" in line
+    assert "+ RPT training -0.0146 (seed interval [-0.0299, +0.0007])" in line and "67% of the gain is training" in line
+    assert line in md and "docs/agreement.md" in md
 
 
 def test_side_by_side_stages_run_at_once_and_are_cached(tmp_path):

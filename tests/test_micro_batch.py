@@ -262,3 +262,28 @@ def test_tiny_config_states_its_global_batch_and_auto_refuses_a_fixed_accumulati
     assert (cfg.global_batch_size, cfg.micro_batch_size, cfg.grad_accum) == (16, "auto", None)
     assert train_main("configs/tiny.yaml", "micro_batch_size=auto", "grad_accum=2") == 2
     assert "'grad_accum' = 2 is invalid" in one_error_line(capsys.readouterr().err)
+
+
+def test_the_config_names_the_keying_a_new_run_trains_with_and_a_resume_keeps_its_own(tmp_path, capsys, monkeypatch, cache):
+    """``draws: micro_batch`` trains a new run exactly as runs were keyed before (the losses of the trainer
+    whose only keying that was) and records it; a resume with ``draws`` unset continues with the
+    checkpoint's keying, and one naming another keying is refused in one line."""
+    import rpt.training.loop
+
+    cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2, "max_steps": 2}, cache_dir=cache)
+    assert train_main(cfg, f"output_dir={tmp_path / 'keyed'}", f"draws={LEGACY_DRAWS}") == 0
+    monkeypatch.setattr(rpt.training.loop, "DRAWS", LEGACY_DRAWS)  # the trainer before the per-sequence keying
+    assert train_main(cfg, f"output_dir={tmp_path / 'old'}") == 0
+    monkeypatch.undo()
+    assert losses(tmp_path / "keyed") == losses(tmp_path / "old")  # bit for bit
+    assert json.loads((tmp_path / "keyed" / "checkpoint-2" / "trainer_state.json").read_text())["draws"] == LEGACY_DRAWS
+    capsys.readouterr()
+    assert train_main(cfg, f"output_dir={tmp_path / 'keyed'}", "max_steps=3", "draws=sequence") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "config key 'draws' = 'sequence'" in line and "keyed the objective's draws per micro_batch" in line
+    assert train_main(cfg, f"output_dir={tmp_path / 'keyed'}", "max_steps=3") == 0
+    segments = [json.loads(line) for line in (tmp_path / "keyed" / "segments.jsonl").read_text().splitlines()]
+    assert [s["draws"] for s in segments] == [LEGACY_DRAWS, LEGACY_DRAWS]
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "keyed" / "final" / "training_config.yaml").read_text())["draws"] == LEGACY_DRAWS

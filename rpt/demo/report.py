@@ -1,6 +1,7 @@
-"""``report.json``: the demo's report built from the stage results only (every number read from
-what a stage wrote), with the summaries it keeps of the controlled experiment, the theory test and
-the proper scores; ``report.md`` is rendered from it (:mod:`rpt.demo.report_markdown`)."""
+"""``report.json``: the demo's report built from the stage results (every number read from what a
+stage wrote), with the summaries it keeps of the controlled experiment, the theory test and the
+proper scores, and the committed agreement study's trade-off line (read from docs/agreement.json);
+``report.md`` is rendered from it (:mod:`rpt.demo.report_markdown`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from rpt.demo.report_markdown import render_markdown
 from rpt.demo.stages import Stages
+from rpt.demo.study_lines import agreement_tradeoff
 from rpt.report import write_json
 
 
@@ -63,6 +65,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
     r = stages.results
     rpt_eval, arf_eval = r["rpt"]["last_eval"], r["ar_f"]["last_eval"]
     ea, rep = r["error_analysis"], r["repetition"]
+    agreement = agreement_tradeoff()  # the committed study's results, not a stage of this demo
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_implementation()} {platform.python_version()}",
         "corpus": r["corpus"],
@@ -92,6 +95,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         **({"seed_study": r["seed_study"]} if "seed_study" in r else {}),
         "controlled_experiment": controlled_summary(r["controlled"]),
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
+        **({"agreement_study": agreement} if agreement else {}),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
         # The wall time of the invocation that wrote this report (cached stages cost ~0 here;

@@ -52,6 +52,8 @@ def render_markdown(rep: dict, out: Path) -> str:
         *_controlled_markdown(rep["controlled_experiment"]),
         *(_controlled_markdown(rep["controlled_followup"], "the follow-up with a 10x PTP budget", "followup")
           if "controlled_followup" in rep else []),
+        *([f"## Where RPT wins: the pre-registered agreement study ({rep['agreement_study']['results']}, not rerun here)",
+           "", rep["agreement_study"]["line"], ""] if "agreement_study" in rep else []),
         "## Wall time per stage (s)", "",
         markdown_table(list(rep["stage_seconds"]), [[f"{v:.0f}" for v in rep["stage_seconds"].values()]]),
     ]

@@ -5,27 +5,36 @@ predictions summarised, JSON + markdown + figure written atomically.
 The official seeds (training seeds 0-4 on source seed 0) run only the registered protocol and only
 when ``docs/agreement_preregistration.md`` and ``configs/agreement.yaml`` hold what was registered, by
 content (:mod:`rpt.studies.preregistration`); the record (sha256s, registration commit, HEAD, keys added
-to the config since) goes into the results. Development uses another source seed or other training seeds.
+to the config since) goes into the results. Every run trains with the keying of the objective's draws that
+``configs/agreement.yaml`` names (``draws``); the official seeds only with the one the protocol was registered
+with (:data:`REGISTERED_DRAWS`), so that the official models retrain as they were trained (bit for bit in
+one environment: torch, transformers and the CPU move the last digits). The results record the
+keying, each model's own (from its ``final/training_config.yaml``), and the code's commit and whether
+the work tree differed from it. Development uses another source seed or other training seeds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
-from rpt.report import save_figure, sibling, write_json, write_markdown
+from rpt.report import write_json
 from rpt.studies import agreement as ag
 from rpt.studies import agreement_study as study
 from rpt.studies import owned_dirs
 from rpt.studies.controlled_run import ROOT, TrainJob, _losses, config_steps, run_jobs
 from rpt.studies.controlled_source import SourceFiles
 from rpt.studies.preregistration import NotPreregistered, Registration, check_preregistered
+from rpt.training.step import DRAWS, LEGACY_DRAWS
 
 CONFIG = "configs/agreement.yaml"
 PREREGISTRATION = "docs/agreement_preregistration.md"
@@ -39,6 +48,8 @@ REGISTRATION = Registration(
     PREREGISTRATION, "64396e489cc5e13ed5a517ef10f862a79cbb5f40", (CONFIG,),
     fix="develop with another --source-seed or other --seeds than the official ones (training seeds 0-4 "
         "with source seed 0)")
+# At the pre-registration commit the trainer keyed the objective's draws per global micro-batch only.
+REGISTERED_DRAWS = LEGACY_DRAWS
 
 
 class Refused(Exception):
@@ -59,12 +70,46 @@ def preregistration(root: Path, registration: Registration | None = None) -> dic
         raise Refused(str(e)) from None
 
 
-def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None) -> None:
-    """The official seeds run the registered protocol only."""
+def check_protocol(design: ag.Design, seeds: Sequence[int], steps: int | None, draws: str = REGISTERED_DRAWS) -> None:
+    """The official seeds run the registered protocol only, with the keying it was registered with."""
     if list(seeds) != list(OFFICIAL_SEEDS) or steps is not None or design != ag.Design():
         raise Refused("the official seeds (training seeds 0-4 with source seed 0) run the registered protocol "
                       "only: --seeds 0 1 2 3 4 and no --steps/--contexts/--train-docs; for development use "
                       "another --source-seed or other --seeds")
+    if draws != REGISTERED_DRAWS:
+        raise Refused(f"the official seeds train with the keying of the objective's draws the protocol was registered "
+                      f"with: set draws: {REGISTERED_DRAWS} in {CONFIG} (it names {draws}), or develop with another "
+                      "--source-seed or other --seeds")
+
+
+def config_draws(root: Path = ROOT, config: str = CONFIG) -> str:
+    """The keying of the objective's draws ``config`` names (its ``draws``): a study states it."""
+    draws = (yaml.safe_load((root / config).read_text(encoding="utf-8")) or {}).get("draws")
+    if draws not in (DRAWS, LEGACY_DRAWS):
+        raise Refused(f"{config} names draws: {draws!r}; a study states the keying of the objective's draws it trains "
+                      f"with: {REGISTERED_DRAWS} (the registered protocol's) or {DRAWS}")
+    return draws
+
+
+def trained_draws(final: str | Path) -> str | None:
+    """The keying a trained model's run used, from its ``training_config.yaml`` (None where it does not say)."""
+    path = Path(final) / "training_config.yaml"
+    return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("draws") if path.exists() else None
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
+
+def code_state(root: Path = ROOT) -> dict:
+    """The commit the code ran at and whether the work tree differed from it (untracked files count; the
+    ignored, such as runs/, do not); both None where git cannot say."""
+    if shutil.which("git") is None:
+        return {"commit": None, "dirty": None}
+    head, status = _git(root, "rev-parse", "HEAD"), _git(root, "status", "--porcelain")
+    if head.returncode != 0 or status.returncode != 0:
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def _source_cached(files: SourceFiles, design: ag.Design) -> bool:
@@ -100,11 +145,13 @@ def prepare_source(work: Path, design: ag.Design) -> SourceFiles:
     return ag.write_source(files.dir, design)
 
 
-def jobs(work: Path, files: SourceFiles, seeds: Sequence[int], steps: int | None) -> list[tuple[str, int, TrainJob]]:
+def jobs(work: Path, files: SourceFiles, seeds: Sequence[int], steps: int | None,
+         draws: str = REGISTERED_DRAWS) -> list[tuple[str, int, TrainJob]]:
     """One from-scratch run per (arm, seed), seed-major (a cut-short study still has every arm once);
-    the seed sets the data order, so arms with the same seed index see the same batches."""
+    the seed sets the data order, so arms with the same seed index see the same batches. The keying
+    is passed explicitly too, so that a run cached under another keying is not taken for this one."""
     base = [f"tokenizer={files.tokenizer}", f"data={{path: {files.train}}}", f"val_data={{path: {files.validation}}}",
-            f"cache_dir={files.dir}/cache", *([f"max_steps={steps}"] if steps is not None else [])]
+            f"cache_dir={files.dir}/cache", f"draws={draws}", *([f"max_steps={steps}"] if steps is not None else [])]
     extra = {arm: (["objective=ntp"] if q is None else [f"q={q}"]) for arm, q in study.ARMS}
     return [(arm, s, TrainJob(CONFIG, work / f"{arm}_s{s}", [*base, *extra[arm], f"seed={s}"]))
             for s in seeds for arm, _ in study.ARMS]
@@ -147,15 +194,17 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
         train: Callable[[list[TrainJob]], None] | None = None, parallel: int = 2,
         root: Path | None = None) -> dict:
     """The whole study; ``train`` runs the not-yet-cached jobs (default: ``train.py`` processes,
-    ``parallel`` at a time, one thread each). Raises :class:`Refused` before any work when refused."""
+    ``parallel`` at a time, one thread each). Raises :class:`Refused` before any work when refused.
+    The summary's ``tvs`` (``tvs[arm][window]``: ``[S, 2, n]`` per-context TVs, seeds in ``seeds``'
+    order) are numpy arrays: :func:`rpt.studies.agreement_results.write_outputs` writes them beside the JSON."""
     if steps is not None and steps < 1:
         raise Refused(f"steps {steps}: a run trains at least 1 step (None: the config's {config_steps(CONFIG)})")
-    prereg = None
+    prereg, draws, code = None, config_draws(), code_state()
     if is_official(design, seeds):
-        check_protocol(design, seeds, steps)
+        check_protocol(design, seeds, steps, draws)
         prereg = preregistration(root or ROOT)
     t0 = time.perf_counter()
-    planned = jobs(work, SourceFiles(str(work / "source")), seeds, steps)
+    planned = jobs(work, SourceFiles(str(work / "source")), seeds, steps, draws)
     todo = [job for *_, job in planned]
     check_work(work, design, todo)
     files = prepare_source(work, design)
@@ -173,37 +222,16 @@ def run(design: ag.Design, seeds: Sequence[int], work: Path, steps: int | None =
     for arm, seed, job in planned:
         result = study.evaluate_model(load_checkpoint(job.final), truth, design)
         entry = study.model_entry(arm, seed, result, truth)
-        entry.update(checkpoint=job.final, losses=_losses(job.run_dir))
+        entry.update(checkpoint=job.final, losses=_losses(job.run_dir), draws=trained_draws(job.final))
         entries.append(entry)
         for name in study.WINDOW_TYPES:
             tvs.setdefault(arm, {}).setdefault(name, []).append(result[name]["tv"])
     tvs = {arm: {name: np.stack(v) for name, v in by.items()} for arm, by in tvs.items()}
     summary = study.summarise(design, entries, tvs, source_stats(design, params, Path(files.dir) / "stats.json"))
-    summary.update(official=prereg is not None, preregistration=prereg, seeds=list(seeds),
+    summary.update(official=prereg is not None, preregistration=prereg, code=code, draws=draws, seeds=list(seeds),
                    steps=steps or config_steps(CONFIG), config=CONFIG,
-                   seconds={"prepare_and_train": t1 - t0, "evaluate": time.perf_counter() - t1})
+                   seconds={"prepare_and_train": t1 - t0, "evaluate": time.perf_counter() - t1}, tvs=tvs)
     return summary
-
-
-def _added(reg: dict) -> str:
-    added = {f"{path}: {key}": v for path, p in reg.get("protocol", {}).items()
-             for key, v in p["added_after_registration"].items()}
-    return "; added to the config after the registration: " + ", ".join(f"{k} = {v}" for k, v in added.items()) if added else ""
-
-
-def write_outputs(out: str | Path, summary: dict) -> list[Path]:
-    p = summary["predictions"]
-    reg = summary.get("preregistration")
-    notes = ("Official run of the pre-registered protocol "
-             f"({reg['path']}, sha256 {reg['sha256'][:16]}..., commit {reg['commit'][:10]}{_added(reg)}). " if reg else
-             "Development run (not the official seeds): not a result. ") + (
-        f"{summary['metric']}. Seeds {summary['seeds']}, {summary['steps']} steps. "
-        f"P2 {'held' if p['P2']['held'] else 'failed'}, co-primary {'held' if p['co_primary']['held'] else 'failed'}, "
-        f"P1 {'held' if p['P1']['held'] else 'failed'}, P3 {'held' if p['P3']['held'] else 'failed'}, "
-        f"P4 {'held' if p['P4']['held'] else 'failed'}.")
-    return [write_json(out, summary),
-            write_markdown(sibling(out, ".md"), "Where RPT wins: the agreement-pairs study", study.markdown_tables(summary), notes),
-            save_figure(study.plot(summary), sibling(out, ".png"))]
 
 
 def argument_problem(args) -> str | None:

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rpt.studies import agreement as ag
+from rpt.studies import agreement_decomposition as decomposition
 from rpt.studies import theory_prediction as tt
 from rpt.studies import window_chain as wc
-from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.studies.bootstrap import bootstrap_ci, bootstrap_ci_seeds_and_contexts, summarise_tv
 from rpt.studies.model_conditionals import model_conditionals
 from rpt.studies.sec3_errors import mean_eps, sec3_errors
 from rpt.studies.seeds import t_interval
@@ -140,22 +141,38 @@ def predictions(entries: Sequence[dict], tvs: dict[str, dict[str, np.ndarray]]) 
 
 
 def arm_table(tvs: dict[str, dict[str, np.ndarray]]) -> list[dict]:
-    """Per arm and window type (and pooled), TV_0 and TV_1 pooled over seeds, with intervals."""
+    """Per arm and window type (and pooled), TV_0 and TV_1 pooled over seeds, with intervals: ``ci95``
+    resamples the contexts (jointly across the seeds, which stay fixed), ``ci95_seeds_and_contexts``
+    resamples both (:func:`seeds_and_contexts_intervals`)."""
     rows = []
     for arm, by_window in tvs.items():
         for name, tv in [*by_window.items(), ("pooled", pooled(by_window))]:
             s = summarise_tv(tv, seed=3)
             rows.append({"arm": arm, "window": name, "tv0": s["k"]["0"], "tv1": s["k"]["1"], "diff": s["diff_1_0"]})
+    add_seeds_and_contexts_intervals(rows, tvs)
     return rows
 
 
+def add_seeds_and_contexts_intervals(rows: list[dict], tvs: dict[str, dict[str, np.ndarray]]) -> None:
+    """Each arm-table row's TV_0, TV_1 and TV_1 - TV_0 get ``ci95_seeds_and_contexts``: the two-way
+    bootstrap over training seeds and contexts of the ``[S, n]`` values (``tvs[arm][window]``: ``[S, 2, n]``)."""
+    for row in rows:
+        by_window = tvs[row["arm"]]
+        tv = pooled(by_window) if row["window"] == "pooled" else np.asarray(by_window[row["window"]])
+        for key, values in (("tv0", tv[:, 0]), ("tv1", tv[:, 1]), ("diff", tv[:, 1] - tv[:, 0])):
+            row[key]["ci95_seeds_and_contexts"] = bootstrap_ci_seeds_and_contexts(
+                values, resamples=BOOTSTRAP_RESAMPLES, seed=13)
+
+
 def summarise(design: ag.Design, entries: list[dict], tvs: dict, source: dict) -> dict:
+    seeds = [e["seed"] for e in entries if e["arm"] == BASELINE]  # the order of tvs' rows
     return {"study": "agreement", "metric": (
         "total variation between the true law of the next two tokens and the trained model's exact sampled law "
         "(k = 0: NTP; k = 1: one eq. 4 sweep with sampled PTP, temperature 1), mean over "
         f"{design.contexts} contexts per window type (tag-first: cut at {design.cuts['tag_first']} tokens; "
         f"content-first: {design.cuts['content_first']}); pooled = the two window types of a document averaged"),
         "lower_is_better": True, "predictions": predictions(entries, tvs), "arms": arm_table(tvs),
+        "decomposition": decomposition.decompose(entries, seeds, tvs),
         "models": entries, "source": source, "design": design.to_dict()}
 
 
@@ -198,12 +215,15 @@ def markdown_tables(summary: dict) -> list[tuple[list[str], list[list]]]:
                _f(w["prediction"]["eps_p_star"]) + (" (lower bound)" if w["prediction"]["above_range"] else ""),
                w["predicted_sign"], w["observed_sign"]]
               for e in summary["models"] for name, w in e["windows"].items()]
-    arms = [[a["arm"], a["window"], _f(a["tv0"]["mean"]), _ci(a["tv0"]["ci95"]), _f(a["tv1"]["mean"]),
-             _ci(a["tv1"]["ci95"]), f"{a['diff']['mean']:+.4f}", _ci(a["diff"]["ci95"])] for a in summary["arms"]]
+    arms = [[a["arm"], a["window"], _f(a["tv0"]["mean"]), _ci(a["tv0"]["ci95"]),
+             _ci(a["tv0"].get("ci95_seeds_and_contexts")), _f(a["tv1"]["mean"]), _ci(a["tv1"]["ci95"]),
+             _ci(a["tv1"].get("ci95_seeds_and_contexts")), f"{a['diff']['mean']:+.4f}", _ci(a["diff"]["ci95"]),
+             _ci(a["diff"].get("ci95_seeds_and_contexts"))] for a in summary["arms"]]
     losses = [[e["arm"], e["seed"], _f((e.get("losses") or {}).get("eval_ntp_loss")),
                _f((e.get("losses") or {}).get("eval_ptp_loss_1"))] for e in summary["models"]]
     return [(["prediction", "outcome", "estimate and 95% intervals"], verdicts(summary)),
-            (["arm", "window", "TV0", "95% CI", "TV1", "95% CI", "TV1-TV0", "95% CI (contexts x seeds)"], arms),
+            (["arm", "window", "TV0", "95% CI contexts", "95% CI seeds+contexts", "TV1", "95% CI contexts",
+              "95% CI seeds+contexts", "TV1-TV0", "95% CI contexts", "95% CI seeds+contexts"], arms),
             (["arm", "seed", "window", "TV0", "TV1", "TV1-TV0 95% CI (contexts)", "TV1/TV0", "predicted TV1/TV0",
               "eps_m", "eps_c", "eps_p", "eps_p*", "predicted sign", "observed sign"], models),
             (["arm", "seed", "val NTP loss", "val PTP-1 loss"], losses)]

@@ -78,6 +78,11 @@ class TrainConfig:
     save_every: int = 500
     keep_last: int = 2
     seed: int = 0
+    # how the RPT objective's permutation draws are keyed (rpt.training.step): "sequence" (per sequence of
+    # the global batch; the split does not change what is trained) or "micro_batch" (per global
+    # micro-batch, how runs were keyed before: what studies registered then reproduce with); None:
+    # "sequence" for a new run, the checkpoint's keying for a resume
+    draws: str | None = None
     precision: str = "fp32"  # fp32 | bf16 | fp16
     loss_chunk_mb: int = 32  # the loss computes float32 logits for this many MB of them at a time
     peak_tflops: float | None = None  # per-device peak for the MFU estimate (None: known GPUs only)
@@ -119,6 +124,7 @@ CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "report_to": ("none", "wandb", "tensorboard"),
     "compile_backend": ("inductor", "aot_eager", "eager"),
+    "draws": (None, "sequence", "micro_batch"),  # rpt.training.step's DRAWS and LEGACY_DRAWS (tests/test_agreement.py holds them equal)
     "attn_implementation": (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
 }
 
@@ -338,6 +344,9 @@ def check_batch_keys(cfg: TrainConfig) -> None:
         if accum is not None:
             raise bad("grad_accum", "micro_batch_size: auto chooses the accumulation that keeps global_batch_size; "
                       "remove grad_accum")
+        if cfg.draws == "micro_batch":
+            raise bad("draws", "draws keyed per micro-batch make what is trained depend on the micro-batch, which "
+                      "micro_batch_size: auto chooses per device; set micro_batch_size to an integer, or draws: sequence")
     elif total is not None and total % (mbs * (accum or 1)):
         raise bad("global_batch_size", f"it is not a multiple of micro_batch_size {mbs}"
                   + (f" x grad_accum {accum}" if accum else "") + "; make it one, or leave grad_accum unset")

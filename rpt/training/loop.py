@@ -72,6 +72,10 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
     # Before any data, model or file is made: a refused resume costs nothing and rewrites nothing.
     start = plan_start(cfg, accelerator, deepspeed=deepspeed)
+    # the keying of the objective's draws: a resume's is its checkpoint's (plan_start refused a config
+    # naming another), a new run's the config's; stated in the run's record and every config it saves
+    draws = start.state.get("draws", LEGACY_DRAWS) if start.checkpoint else (cfg.draws or DRAWS)
+    cfg = dataclasses.replace(cfg, draws=draws)
     set_seed(cfg.seed)
 
     with accelerator.main_process_first():  # the main process writes tokenizers first
@@ -90,7 +94,6 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     split = choose_split(cfg, model, accelerator, deepspeed)
     steps_cfg = dataclasses.replace(cfg, micro_batch_size=split.micro, grad_accum=split.accum)  # the split, as run
     accelerator.gradient_accumulation_steps = split.accum
-    draws = start.state.get("draws", LEGACY_DRAWS) if start.checkpoint else DRAWS
     with accelerator.main_process_first():  # the main process writes token stores first
         train = build_packed(steps_cfg, "train", tokenizer, rank, world)
         val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None

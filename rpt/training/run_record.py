@@ -62,7 +62,12 @@ def check_resume(recorded: dict[str, Any], cfg: TrainConfig, step: int, where: s
     """The resumable changes ``cfg`` makes to the config saved at ``step`` in ``where`` (whose
     objective's draws are keyed per ``draws``); a :class:`ConfigError` for any other change, for
     ``max_steps`` at or below ``step`` or lowered, and for re-entering a finished run."""
-    changed = config_differences(recorded, cfg)
+    if cfg.draws is not None and cfg.draws != draws:
+        raise ConfigError(f"config key 'draws' = {cfg.draws!r}, but {where} keyed the objective's draws per {draws}: a "
+                          f"resume continues with the checkpoint's keying; set draws: {draws} (or leave it unset), or "
+                          f"{_fresh_run_hint(cfg)}")
+    # the keying is compared with the checkpoint's own (above), not with the record: unset means "the checkpoint's"
+    changed = {k: v for k, v in config_differences(recorded, cfg).items() if k != "draws"}
     resumable = RESUMABLE_KEYS + (SPLIT_KEYS if draws == "sequence" else ())
     fixed = [k for k in changed if k not in resumable]
     if fixed and set(fixed) <= set(SPLIT_KEYS):
