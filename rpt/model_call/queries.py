@@ -7,8 +7,8 @@ and offset rows (0 = NTP, ``l`` = PTP-l, eq. 8), writes their KV at given cache 
 :class:`~rpt.model_call.visibility.Visibility` (eq. 4's masks, stated once in :mod:`rpt.model_call.visibility`).
 
 **The model call.** A Llama-shaped model (:mod:`rpt.model_call.decode_model`) runs the decode's own call: fused
-QKV and gate/up projections whose weights the model's parameters are views of, attention on the
-cache's KV heads without copies, and the visibility rule evaluated inside flex attention's kernel in
+QKV and gate/up projections on a stacked copy of their weights the call owns (refilled from the
+parameters at every decode), attention on the cache's KV heads without copies, and the visibility rule evaluated inside flex attention's kernel in
 compiled CUDA calls (a boolean mask for sdpa elsewhere); the eager and compiled decodes run that one
 call. Any other model runs its own Hugging Face forward with the mask in the format its attention
 takes (a boolean ``[batch, 1, Q, kv_len]`` mask for sdpa, an additive float one for eager attention);
@@ -167,16 +167,25 @@ class ModelQueries:
         # a failure while compiling or running it raises CompileFailure: generate decodes eagerly instead
         self._compiled = (guarded(torch.compile(self._compiled_step, dynamic=False, backend=compile_backend))
                           if compile else None)
-        self.decode: DecodeModel | None = DecodeModel.for_model(model)  # None: the model's own forward runs
+        # the fused call (None: the model's own forward runs), built at the first call or decode
+        self.decode: DecodeModel | None = None
         self.calls = 0
 
     def refresh(self) -> None:
         """Check the fused call against the model before a call (:meth:`__call__` does; a decode's compiled
-        steps follow its prefill): bound again where a weight got new storage (``load_state_dict(assign=True)``,
-        ``model.to(...)``), dropped where a module was replaced (an adapter injected). An in-place write to a
-        weight needs nothing: the parameters are views of the fused storage."""
+        steps follow its prefill): built anew where anything it follows changed
+        (:meth:`~rpt.model_call.decode_model.DecodeModel.current`: a module replaced, a hook added, an
+        attention attribute changed), its copies refilled where a weight's fingerprint changed (an
+        optimizer step, ``load_state_dict``, ``p.data = t``, ``model.to(...)``)."""
         if self.decode is None or not self.decode.current():
             self.decode = DecodeModel.for_model(self.model)
+
+    def sync(self) -> None:
+        """:meth:`refresh`, with the copies refilled from the parameters whatever their fingerprint says: once
+        per decode, before its first call (an in-place write through ``p.data``, as PEFT's merge makes, leaves
+        no trace a fingerprint can see)."""
+        if self.decode is None or not self.decode.sync():
+            self.decode = DecodeModel.for_model(self.model, force=True)
 
     @property
     def _fused(self) -> DecodeModel | None:

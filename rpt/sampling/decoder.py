@@ -88,6 +88,7 @@ class Decoder:
         self._lent: DecodeBuffers | None = None  # the pool's entry this decode borrowed (close gives it back)
         self.buffers = self._buffers(model, capacity, len(prompts.rows))
         self.queries, self.state = self.buffers.queries, self.buffers.state
+        self.queries.sync()  # the fused call checked against the model, its weight copies refilled
         self.batch = self.state.seqs.shape[0]  # compiled: the batch bucket (rows past the decode's are inert)
         # the rows' current tokens (the processors' contexts), budgets, seeds and EOS ids (none: -1,
         # an id no token has, keeps isin's shape fixed) and the float knobs in the state's buffers
