@@ -129,7 +129,13 @@ def dynamo_patch(**values) -> contextlib.AbstractContextManager:
 def failing_at_recompile_limit() -> contextlib.AbstractContextManager:
     """Dynamo raises ``FailOnRecompileLimitHit`` at its recompile limit instead of silently running the
     frame eagerly from then on (a decode reported as compiled that is not): the failure a guarded call
-    turns into a fallback with a warning. The option exists in torch 2.6 and later; a no-op before."""
+    turns into a fallback with a warning. The option exists in torch 2.6 and later; a no-op before.
+
+    ``suppress_errors`` (a user's ``torch._dynamo.config.suppress_errors = True``, common in notebooks) is
+    switched off for the decode too: dynamo refuses it beside ``fail_on_recompile_limit_hit`` (an
+    AssertionError at every compiled call), and with it a failed compile would run silently eagerly
+    instead of being told apart; the decode's own fallback already does what the user asked of it (an
+    eager run, warned). The user's setting is back once the decode ends."""
     if not hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
-        return contextlib.nullcontext()
-    return dynamo_patch(fail_on_recompile_limit_hit=True)
+        return dynamo_patch(suppress_errors=False)
+    return dynamo_patch(fail_on_recompile_limit_hit=True, suppress_errors=False)

@@ -169,6 +169,7 @@ class ModelQueries:
                           if compile else None)
         # the fused call (None: the model's own forward runs), built at the first call or decode
         self.decode: DecodeModel | None = None
+        self.epoch = 0  # counts the fused calls built anew (a module replaced, a hook added or removed, ...)
         self.calls = 0
 
     def refresh(self) -> None:
@@ -178,14 +179,18 @@ class ModelQueries:
         attention attribute changed), its copies refilled where a weight's fingerprint changed (an
         optimizer step, ``load_state_dict``, ``p.data = t``, ``model.to(...)``)."""
         if self.decode is None or not self.decode.current():
-            self.decode = DecodeModel.for_model(self.model)
+            self._set(DecodeModel.for_model(self.model))
 
     def sync(self) -> None:
         """:meth:`refresh`, with the copies refilled from the parameters whatever their fingerprint says: once
         per decode, before its first call (an in-place write through ``p.data``, as PEFT's merge makes, leaves
         no trace a fingerprint can see)."""
         if self.decode is None or not self.decode.sync():
-            self.decode = DecodeModel.for_model(self.model, force=True)
+            self._set(DecodeModel.for_model(self.model, force=True))
+
+    def _set(self, decode: DecodeModel | None) -> None:
+        if decode is not self.decode:
+            self.decode, self.epoch = decode, self.epoch + 1
 
     @property
     def _fused(self) -> DecodeModel | None:
