@@ -69,9 +69,9 @@ def test_a_token_id_outside_the_vocabulary_is_one_line_before_any_model_call(mod
     for bad in (V, 10**6, -1):
         bad_ids = ids.clone()
         bad_ids[1, 3] = bad
-        for run in (lambda: generate(model, bad_ids, NTP, attention_mask=mask),
-                    lambda: generate(model, bad_ids, NTP, attention_mask=mask, compile=backend),
-                    lambda: generate_reference(model, bad_ids, CFG, attention_mask=mask)):
+        for run in (lambda b=bad_ids: generate(model, b, NTP, attention_mask=mask),
+                    lambda b=bad_ids: generate(model, b, NTP, attention_mask=mask, compile=backend),
+                    lambda b=bad_ids: generate_reference(model, b, CFG, attention_mask=mask)):
             with pytest.raises(ValueError) as error:
                 run()
             message = str(error.value)
