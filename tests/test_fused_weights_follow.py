@@ -246,8 +246,9 @@ def compiled_call(queries, ids, positions, offsets):
 
 def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
     """A compiled model call (dynamo's eager backend: inductor's trace and guards), then the head replaced and
-    the attention scaling changed (each alone moves the logits), then a hook added: each call equals Hugging
-    Face's forward of the model as it is, with the mask written by hand, and the hook runs. (Whole compiled
+    the attention scaling changed (each alone moves the logits), then a hook added, then another (to the
+    model's own forward, compiled by then): each call equals Hugging Face's forward of the model as it is,
+    with the mask written by hand, and the hooks run. (Whole compiled
     decodes over more changes: test_compiled_decodes_follow_every_kind_of_change, slow.)"""
     torch._dynamo.reset()
     model = tiny(layers=1)
@@ -269,6 +270,11 @@ def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
     calls.clear()
     torch.testing.assert_close(hooked, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
     assert calls and not torch.allclose(hooked, got, atol=1e-3)
+    # a second hook, added after the model's own forward was compiled (dynamo skips hook guards by default)
+    model.lm.model.norm.register_forward_pre_hook(lambda mod, args: (args[0] * 0.25,))
+    twice = compiled_call(queries, ids, positions, offsets)
+    torch.testing.assert_close(twice, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(twice, hooked, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -45,6 +45,13 @@ STEP_QUERIES = 8  # the most queries a decode step's call pads without a host ch
 COMPILED_GRAPHS = 192
 
 
+def compiled_call_settings() -> contextlib.AbstractContextManager:
+    """Dynamo's settings while a compiled model call traces and runs: the recompile limit
+    :data:`COMPILED_GRAPHS`, and guards on the modules' hooks (dynamo skips them by default: a hook added
+    after a compiled call would never run in it)."""
+    return dynamo_patch(recompile_limit=COMPILED_GRAPHS, skip_nnmodule_hook_guards=False)
+
+
 def implementation_of(model) -> str:
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
     return str(getattr(config, "_attn_implementation", None) or "eager")
@@ -231,11 +238,12 @@ class ModelQueries:
     @contextlib.contextmanager
     def whole_cache_calls(self) -> Iterator[None]:
         """Around a compiled decode step that calls :meth:`whole_cache_step` inside its own graph: counts
-        the call, sets the attention implementation for the custom mask, and lifts dynamo's recompile
-        limit to the bounded number of graphs a run compiles (past the default it would run eagerly)."""
+        the call, sets the attention implementation for the custom mask, lifts dynamo's recompile
+        limit to the bounded number of graphs a run compiles (past the default it would run eagerly) and
+        makes the graphs guard on the modules' hooks (:func:`compiled_call_settings`)."""
         self.calls += 1
         self.cache.kv_len = self.capacity
-        with attention_implementation(self.model, self._switch), dynamo_patch(recompile_limit=COMPILED_GRAPHS):
+        with attention_implementation(self.model, self._switch), compiled_call_settings():
             yield
 
     def whole_cache_step(self, ids, positions, columns, vis: Visibility, offsets=None, keep=None) -> torch.Tensor:
@@ -322,7 +330,7 @@ class ModelQueries:
         if fused is not None and not self.cache.layers[0].is_initialized:
             fused.allocate(self.cache, batch, ids.device)
         step = self._compiled if self.cache.layers[0].is_initialized else self._compiled_step
-        with dynamo_patch(recompile_limit=COMPILED_GRAPHS):
+        with compiled_call_settings():
             logits = step(ids, positions, offsets, vis.limit, vis.start, vis.since, columns, inner_keep)
         if inner_keep is not None:
             return logits

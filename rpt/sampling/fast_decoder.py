@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
+from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, decode_dynamo_settings, strict
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
 from rpt.sampling.decoder import Decoder
@@ -83,7 +83,7 @@ def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, star
         return _run(Decoder(model, inputs, input_ids, streamer, start, compile))
     watched = None if streamer is None else ReplayGuard(streamer)
     try:
-        with failing_at_recompile_limit():
+        with decode_dynamo_settings():
             decoder = Decoder(model, inputs, input_ids, watched, start, compile)
             lent = decoder.lent
             try:
