@@ -245,7 +245,8 @@ def compiled_call(queries, ids, positions, offsets):
 
 
 def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
-    """A compiled model call (dynamo's eager backend: inductor's trace and guards), then the head replaced and
+    """A compiled model call (dynamo's eager backend: inductor's trace and guards), then a weight written in
+    place, then the head replaced and
     the attention scaling changed (each alone moves the logits), then a hook added, then another (to the
     model's own forward, compiled by then): each call equals Hugging Face's forward of the model as it is,
     with the mask written by hand, and the hooks run. (Whole compiled
@@ -256,6 +257,12 @@ def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
     ids, positions, offsets, allowed = block()
     first = compiled_call(queries, ids, positions, offsets)
     torch.testing.assert_close(first, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # an in-place write (an optimizer step's kind): the same graph reads the refilled copy
+        proj(model, 0, "k_proj").weight.mul_(-1.5)
+    stepped = compiled_call(queries, ids, positions, offsets)
+    torch.testing.assert_close(stepped, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(stepped, first, atol=1e-3)
+    first = stepped
     for edit in (replace_head, scaling):  # each change alone moves the logits: a stale one would show
         alone = fresh(model, edit)
         assert not torch.allclose(hf_truth(alone, ids, positions, offsets, allowed), first, atol=1e-3)
@@ -271,7 +278,7 @@ def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
     torch.testing.assert_close(hooked, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
     assert calls and not torch.allclose(hooked, got, atol=1e-3)
     # a second hook, added after the model's own forward was compiled (dynamo skips hook guards by default)
-    model.lm.model.norm.register_forward_pre_hook(lambda mod, args: (args[0] * 0.25,))
+    model.lm.lm_head.register_forward_pre_hook(lambda mod, args: (args[0] * 0.25,))
     twice = compiled_call(queries, ids, positions, offsets)
     torch.testing.assert_close(twice, hf_truth(model, ids, positions, offsets, allowed), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(twice, hooked, atol=1e-3)

@@ -23,8 +23,9 @@ taken (:data:`ARCHITECTURES`, checked module by module: :func:`unsupported`); an
 hook or patched ``forward`` on any module of the model (the RPT wrapper included) or a global module
 hook -- keeps the model's own forward, which runs them.
 
-**What the fused call follows** (:meth:`DecodeModel.current`, checked before every call, and the
-weights refilled once per decode: :meth:`DecodeModel.sync`): every submodule of the model in its
+**What the fused call follows** (:meth:`DecodeModel.current`, checked at the start of every decode and
+before every call of a :class:`~rpt.model_call.queries.ModelQueries` used directly, and the weights
+refilled once per decode: :meth:`DecodeModel.sync`): every submodule of the model in its
 place (a module replaced anywhere -- the head, the final norm, a projection, an adapter injected --
 builds the call anew from the model as it is), no hook anywhere, the config keys the check above
 reads, the attention attributes Hugging Face reads per call (``layer_idx``, ``head_dim``,

@@ -89,7 +89,8 @@ class Decoder:
         self._lent: DecodeBuffers | None = None  # the pool's entry this decode borrowed (close gives it back)
         self.buffers = self._buffers(model, capacity, len(prompts.rows))
         self.queries, self.state = self.buffers.queries, self.buffers.state
-        self.queries.sync()  # the fused call checked against the model, its weight copies refilled
+        self.queries.check_each_call = False  # checked once, here: the fused call against the model, its copies refilled
+        self.queries.sync()
         # what a compile failure of this decode is keyed to: the graphs' config and the model's fused call
         # (its length, seed and stop strings change no graph)
         self.cause = (dataclasses.replace(config.traced(), max_new_tokens=1, seed=None, stop=[]), self.queries.epoch)
