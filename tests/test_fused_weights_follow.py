@@ -312,3 +312,32 @@ def test_compiled_decodes_follow_every_kind_of_change():
     model.lm.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(1) or out * 2)
     truth.lm.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: out * 2)
     assert torch.equal(tokens(model, "eager"), tokens(truth)) and calls
+
+
+@pytest.mark.slow
+def test_compiled_decodes_of_a_model_without_the_fused_call_follow_a_replaced_head_and_a_hook():
+    """A model the fused call does not take (GPT-2: its own forward, compiled): its head replaced between
+    compiled decodes, then a hook added: each compiled decode equals the eager decode of the model as it
+    is (dynamo's guards on the modules, and on their hooks, which the decode switches on). (About 60 s at
+    load 10; the default-suite test of the guarantee for the fused call:
+    test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook.)"""
+    from rpt.model import RPTForCausalLM
+    from tests.tiny_models import tiny_gpt2
+
+    torch._dynamo.reset()
+    model = RPTForCausalLM.from_base(tiny_gpt2(seed=1), window=2).eval()
+    model.lm.generation_config.eos_token_id = None
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    first = generate(model, ids, NTP, compile="eager").sequences
+    assert torch.equal(first, generate(model, ids, NTP).sequences)
+    old = model.lm.lm_head
+    head = nn.Linear(old.in_features, old.out_features, bias=False)
+    head.weight.data = torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(4))
+    model.lm.lm_head = head
+    got = generate(model, ids, NTP, compile="eager").sequences
+    assert torch.equal(got, generate(model, ids, NTP).sequences) and not torch.equal(got, first)
+    calls = []
+    model.lm.transformer.h[0].mlp.register_forward_hook(lambda mod, args, out: calls.append(1) or out * 3)
+    hooked = generate(model, ids, NTP, compile="eager").sequences
+    assert calls and not torch.equal(hooked, got)
+    assert torch.equal(hooked, generate(model, ids, NTP).sequences)
