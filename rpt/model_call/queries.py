@@ -178,7 +178,7 @@ class ModelQueries:
         self.decode: DecodeModel | None = None
         self.epoch = 0  # counts the fused calls built anew (a module replaced, a hook added or removed, ...)
         # check the fused call against the model before every call (refresh); a decode turns it off and syncs
-        # once at its start instead (sync): the check walks every module, ~0.1-0.5 ms on a 16-layer model
+        # once at its start instead (sync): the check walks every module (3.6 ms for 16 layers at load 10, measured)
         self.check_each_call = True
         self.calls = 0
 
