@@ -288,7 +288,7 @@ def test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook():
 def test_compiled_decodes_follow_every_kind_of_change():
     """Compiled NTP decodes after the head is replaced and after the scaling changed, then compiled RPT decodes (k = 1, corrections) between changes: the head replaced, the scaling changed,
     weights given new storage (``load_state_dict(assign=True)``), written through ``.data``, a hook added:
-    each equals a fresh model's eager decode. (About 150 s at load 4; the default-suite test of the
+    each equals a fresh model's eager decode. (734 s at load 12, 2 cores; the default-suite test of the
     guarantee: test_compiled_decodes_follow_a_replaced_module_an_attribute_and_a_hook.)"""
     torch._dynamo.reset()
     ntp = tiny(layers=1)
@@ -318,8 +318,8 @@ def test_compiled_decodes_follow_every_kind_of_change():
 def test_compiled_decodes_of_a_model_without_the_fused_call_follow_a_replaced_head_and_a_hook():
     """A model the fused call does not take (GPT-2: its own forward, compiled): its head replaced between
     compiled decodes, then a hook added: each compiled decode equals the eager decode of the model as it
-    is (dynamo's guards on the modules, and on their hooks, which the decode switches on). (About 60 s at
-    load 10; the default-suite test of the guarantee for the fused call:
+    is (dynamo's guards on the modules, and on their hooks, which the decode switches on). (172 s at
+    load 12; the default-suite test of the guarantee for the fused call:
     test_compiled_calls_follow_a_replaced_module_an_attribute_and_a_hook.)"""
     from rpt.model import RPTForCausalLM
     from tests.tiny_models import tiny_gpt2
