@@ -203,16 +203,16 @@ def test_threads_stacking_a_fresh_models_weights_bind_them_once(fast_switching, 
     """Eight threads building the fused decode call of a fresh model at once (the check of the model's
     shape, before anything is stacked, waits until all eight are in it, or 20 ms: where they may all be,
     they all are): one stacks, the others find it done -- one set of groups shared by all, every group
-    current, each parameter a view of its group's matrix."""
+    current, holding its parameters' values in storage of its own."""
     real, arrived, gave_up = decode_model.unsupported, threading.Condition(), []
 
-    def gathering(lm):
+    def gathering(lm, model=None):
         with arrived:
             gathering.count += 1
             arrived.notify_all()
             if not gave_up and not arrived.wait_for(lambda: gathering.count == 8, timeout=0.02):
                 gave_up.append(True)  # the others are held elsewhere: a lock serialises them
-        return real(lm)
+        return real(lm, model)
 
     gathering.count = 0
     monkeypatch.setattr(decode_model, "unsupported", gathering)
@@ -233,8 +233,9 @@ def test_threads_stacking_a_fresh_models_weights_bind_them_once(fast_switching, 
     for layer in made[0].layers:
         for group in layer.groups:
             assert group.current()
+            assert torch.equal(group.tensor, torch.cat(group.parameters()))
             for p in group.parameters():
-                assert p.untyped_storage().data_ptr() == group.tensor.untyped_storage().data_ptr()
+                assert p.untyped_storage().data_ptr() != group.tensor.untyped_storage().data_ptr()
 
 
 def test_custom_generate_in_two_threads_leaves_a_training_model_training():

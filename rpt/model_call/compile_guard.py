@@ -15,7 +15,7 @@ the host, outside every guarded call, and pass through unchanged.
 raised instead of falling back.
 
 **The decode's dynamo settings** (:func:`dynamo_patch`: the raised recompile limit of its compiled calls,
-:func:`failing_at_recompile_limit`) are patched so that two decodes in two threads may overlap and leave
+:func:`decode_dynamo_settings`) are patched so that two decodes in two threads may overlap and leave
 the process's config as it was.
 """
 
@@ -126,10 +126,20 @@ def dynamo_patch(**values) -> contextlib.AbstractContextManager:
     return switched(key, switch, restore)
 
 
-def failing_at_recompile_limit() -> contextlib.AbstractContextManager:
-    """Dynamo raises ``FailOnRecompileLimitHit`` at its recompile limit instead of silently running the
-    frame eagerly from then on (a decode reported as compiled that is not): the failure a guarded call
-    turns into a fallback with a warning. The option exists in torch 2.6 and later; a no-op before."""
-    if not hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
-        return contextlib.nullcontext()
-    return dynamo_patch(fail_on_recompile_limit_hit=True)
+def decode_dynamo_settings() -> contextlib.AbstractContextManager:
+    """The dynamo settings a compiled decode runs under (patched for the decode, the user's back after it):
+
+    * ``fail_on_recompile_limit_hit``: dynamo raises ``FailOnRecompileLimitHit`` at its recompile limit
+      instead of silently running the frame eagerly from then on (a decode reported as compiled that is
+      not): the failure a guarded call turns into a fallback with a warning (torch 2.6 and later);
+    * ``suppress_errors`` off (a user's ``torch._dynamo.config.suppress_errors = True``, common in
+      notebooks): dynamo refuses it beside the option above (an AssertionError at every compiled call),
+      and with it a failed compile would run silently eagerly instead of being told apart; the decode's
+      own fallback already does what the user asked of it (an eager run, warned);
+    * ``skip_nnmodule_hook_guards`` off: the graphs guard on the modules' hooks, so a forward hook added
+      or removed after a compiled decode re-traces the model's forward (dynamo's default would keep
+      running the graph traced without it)."""
+    values = dict(suppress_errors=False, skip_nnmodule_hook_guards=False)
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        values["fail_on_recompile_limit_hit"] = True
+    return dynamo_patch(**values)

@@ -2,11 +2,11 @@ r"""The decode's model call for Llama-shaped models, as the fast decoders build 
 ``Transformer``): fused projections, grouped-query attention on the position-addressed cache, no mask
 tensor where the kernel can take the rule instead.
 
-Per layer four weight GEMMs instead of seven -- ``[Wq; Wk; Wv]`` and ``[W_gate; W_up]`` stacked
-(:mod:`rpt.model_call.fused_weights`: the model's parameters are views of the stacked matrices, so nothing is
-copied and training, checkpoints, parameter names and PEFT targets are unchanged) -- and attention
-reading the cache's ``kv_heads`` K/V directly (``enable_gqa``: no ``repeat_kv`` copy of K and V per
-layer). What a query sees is :func:`rpt.model_call.visibility.visible`, eq. 4's rule:
+Per layer four weight GEMMs instead of seven -- ``[Wq; Wk; Wv]`` and ``[W_gate; W_up]`` stacked in a
+copy the decode owns (:mod:`rpt.model_call.fused_weights`: the model's tensors are only read; the copy
+costs about half the model's weight bytes and is refilled from the parameters at every decode) -- and
+attention reading the cache's ``kv_heads`` K/V directly (``enable_gqa``: no ``repeat_kv`` copy of K
+and V per layer). What a query sees is :func:`rpt.model_call.visibility.visible`, eq. 4's rule:
 
 * inside a compiled call on CUDA (:data:`FLEX_DEVICES`) the rule is flex attention's ``score_mod``,
   evaluated inside the kernel: no ``[batch, 1, Q, capacity]`` mask is built or read, and the flash-style
@@ -19,8 +19,18 @@ The eager and the compiled decode run this one function; the rest of the step is
 modules (the RMSNorms, the rotary embedding, ``o_proj``, ``down_proj``, the head), so the logits are
 the model's forward up to float rounding. Only architectures whose layers are exactly that shape are
 taken (:data:`ARCHITECTURES`, checked module by module: :func:`unsupported`); anything else -- GPT-2's
-``c_attn``, sliding windows, q/k norms, LoRA-wrapped projections, hooks, sharded parameters -- keeps
-the model's own forward.
+``c_attn``, sliding windows, q/k norms, LoRA-wrapped projections, sharded parameters, and any forward
+hook or patched ``forward`` on any module of the model (the RPT wrapper included) or a global module
+hook -- keeps the model's own forward, which runs them.
+
+**What the fused call follows** (:meth:`DecodeModel.current`, checked at the start of every decode and
+before every call of a :class:`~rpt.model_call.queries.ModelQueries` used directly, and the weights
+refilled once per decode: :meth:`DecodeModel.sync`): every submodule of the model in its
+place (a module replaced anywhere -- the head, the final norm, a projection, an adapter injected --
+builds the call anew from the model as it is), no hook anywhere, the config keys the check above
+reads, the attention attributes Hugging Face reads per call (``layer_idx``, ``head_dim``,
+``scaling``: read by the call itself too, so a compiled call re-traces on a changed value), and the
+stacked weights' sources by their fingerprint (:class:`~rpt.model_call.fused_weights.FusedGroup`).
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ _PREFIX = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
 FLEX_DEVICES = {"cuda"}
 FLEX_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ATTRIBUTE = "_rpt_fused_layers"  # on the HF model: its FusedLayers (not a submodule, parameter or buffer)
-_LOCK = threading.RLock()  # stacking and rebinding the weights: one thread at a time (fused_layers)
+_LOCK = threading.RLock()  # building and refilling the stacked copies: one thread at a time (fused_layers)
 
 
 def base_of(model) -> nn.Module:
@@ -67,8 +77,24 @@ def _linear(module) -> bool:
     return type(module) is nn.Linear  # a PEFT / quantised wrapper computes something else
 
 
-def unsupported(lm) -> str | None:
-    """Why the fused call cannot stand in for ``lm``'s forward (None: it can)."""
+def _config_key(config) -> tuple:
+    """The config values :func:`unsupported` decides from (a change is checked again before the next call)."""
+    rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    return (getattr(config, "sliding_window", None), tuple(getattr(config, "layer_types", None) or ()),
+            rope.get("rope_type", rope.get("type", "default")), getattr(config, "attention_dropout", 0.0),
+            config.num_hidden_layers)
+
+
+def _global_hooks() -> bool:
+    """Whether a global module forward hook is registered (``torch.nn.modules.module.register_module_forward_hook``)."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
+def unsupported(lm, model=None) -> str | None:
+    """Why the fused call cannot stand in for ``lm``'s forward (None: it can); ``model``: what is called, an
+    RPT wrapper of ``lm`` (its hooks count too; default ``lm``)."""
     kind = ARCHITECTURES.get(type(lm).__name__)
     if kind is None:
         return f"{type(lm).__name__} is not one of the Llama-shaped architectures {sorted(ARCHITECTURES)}"
@@ -99,9 +125,11 @@ def unsupported(lm) -> str | None:
         if len({m.bias is None for m in (attn.q_proj, attn.k_proj, attn.v_proj)}) > 1 or \
                 len({m.bias is None for m in (mlp.gate_proj, mlp.up_proj)}) > 1:
             return "biases on some of the fused projections only"
-    for module in lm.modules():  # the fused call does not run them
+    for module in (model if model is not None else lm).modules():  # the fused call does not run them
         if not _plain(module):
             return f"a forward hook or patched forward on {type(module).__name__}"
+    if _global_hooks():
+        return "a global module forward hook"
     return None
 
 
@@ -116,10 +144,6 @@ class _Layer:
     def __init__(self, layer: nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         self.layer, self.attn, self.mlp = layer, attn, mlp
-        self.index = attn.layer_idx
-        self.head_dim, self.scaling = attn.head_dim, attn.scaling
-        self.heads = attn.q_proj.out_features // attn.head_dim
-        self.kv_heads = attn.k_proj.out_features // attn.head_dim
         self.qkv = FusedGroup([(attn.q_proj, "weight"), (attn.k_proj, "weight"), (attn.v_proj, "weight")])
         self.qkv_bias = None if attn.q_proj.bias is None else \
             FusedGroup([(attn.q_proj, "bias"), (attn.k_proj, "bias"), (attn.v_proj, "bias")])
@@ -127,17 +151,15 @@ class _Layer:
         self.gate_up_bias = None if mlp.gate_proj.bias is None else \
             FusedGroup([(mlp.gate_proj, "bias"), (mlp.up_proj, "bias")])
         self.groups = [g for g in (self.qkv, self.qkv_bias, self.gate_up, self.gate_up_bias) if g is not None]
-        # (parent's submodule table, name, the module): a module replaced since (an adapter injected) is seen
-        self.modules = [(parent._modules, name, getattr(parent, name)) for parent, names in (
-            (layer, ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")),
-            (attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj")))
-            for name in names]
-        # the modules whose forward the fused call does not run: a hook added to one later is seen
-        self.bypassed = [layer, attn, mlp, attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
 
-    def current(self) -> bool:
-        return all(table.get(name) is module for table, name, module in self.modules) and \
-            all(_plain(m) for m in self.bypassed) and all(g.current() for g in self.groups)
+    def attributes(self) -> tuple:
+        """The attention's attributes Hugging Face reads per call, which the fused call reads too."""
+        return self.attn.layer_idx, self.attn.head_dim, self.attn.scaling
+
+    def heads(self) -> tuple[int, int]:
+        """(query heads, KV heads), from the stacked copy's rows."""
+        q, k = self.qkv.sizes[:2]
+        return q // self.attn.head_dim, k // self.attn.head_dim
 
 
 class FusedLayers:
@@ -149,47 +171,57 @@ class FusedLayers:
         self.layers = [_Layer(layer) for layer in lm.model.layers[: self.count]]
 
     def same_structure(self, lm) -> bool:
-        return lm.model.layers is self.layer_list and lm.config.num_hidden_layers == self.count and \
-            all(table.get(name) is module for layer in self.layers for table, name, module in layer.modules)
+        """Whether ``lm``'s layers are still the modules these groups stack the weights of."""
+        if lm.model.layers is not self.layer_list or lm.config.num_hidden_layers != self.count:
+            return False
+        for layer, fused in zip(self.layer_list, self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if (layer is not fused.layer or attn is not fused.attn or mlp is not fused.mlp
+                    or [m for m, _ in fused.qkv.slots] != [attn.q_proj, attn.k_proj, attn.v_proj]
+                    or [m for m, _ in fused.gate_up.slots] != [mlp.gate_proj, mlp.up_proj]):
+                return False
+        return True
 
     def current(self) -> bool:
-        return all(layer.current() for layer in self.layers)
+        return all(g.current() for layer in self.layers for g in layer.groups)
 
-    def bind(self) -> bool:
-        return all(g.current() or g.bind() for layer in self.layers for g in layer.groups)
+    def refresh(self, force: bool = False) -> bool:
+        """Refill every group whose sources changed (every group with ``force``); False where one cannot be."""
+        return all(g.refresh(force) for layer in self.layers for g in layer.groups)
 
 
-def fused_layers(lm: nn.Module) -> FusedLayers | None:
-    """``lm``'s fused layers, bound to its current parameters (None: the fused call cannot run it). One
-    thread at a time: two decodes starting together on a fresh model (or after ``model.to(...)``) would
-    otherwise both stack the weights and rebind the parameters, one of them to a matrix the other's
-    groups do not hold; the second finds them bound."""
+def fused_layers(lm: nn.Module, model=None, force: bool = False) -> FusedLayers | None:
+    """``lm``'s fused layers, filled from its current parameters (None: the fused call cannot run it; ``model``:
+    the RPT wrapper called, whose hooks count too). One thread at a time: two decodes starting together
+    on a fresh model would otherwise both build the copies."""
     with _LOCK:
-        if unsupported(lm) is not None:
+        if unsupported(lm, model) is not None:
+            lm.__dict__.pop(_ATTRIBUTE, None)  # the copies go with the fused call (an adapter merged later is read anew)
             return None
         fused = lm.__dict__.get(_ATTRIBUTE)
         if fused is None or not fused.same_structure(lm):
             fused = lm.__dict__[_ATTRIBUTE] = FusedLayers(lm)
-        return fused if fused.bind() else None
+        try:
+            ready = fused.refresh(force)
+        except torch.OutOfMemoryError:  # no room for the copies: the model's own forward runs
+            ready = False
+        if not ready:
+            lm.__dict__.pop(_ATTRIBUTE, None)
+        return fused if ready else None
 
 
 def release_fused_weights(lm: nn.Module, unshare: bool = False) -> None:
-    """Forget ``lm``'s fused groups. The parameters keep their storage (views of the stacked matrices,
-    which live as long as any parameter does) unless ``unshare``: then each gets its own copy back, as
-    before its first decode -- for a library that refuses tensors sharing storage (accelerate's
-    ``save_state`` drops all but one of them from a safetensors checkpoint). After ``model.to(...)`` the
-    old matrices are freed at the next decode, or at once by this call."""
+    """Free ``lm``'s stacked copies now (the next fused decode builds them again). The model's parameters
+    were never changed by them; ``unshare`` is accepted for callers of an earlier version and does nothing
+    (no parameter shares storage with the copies)."""
     with _LOCK:
-        fused = lm.__dict__.pop(_ATTRIBUTE, None)
-    if not unshare or fused is None:
-        return
-    with torch.inference_mode(False), torch.no_grad():
-        for layer in fused.layers:
-            for group in layer.groups:
-                for p in group.parameters():
-                    if p is not None and group.tensor is not None and p.untyped_storage().data_ptr() == \
-                            group.tensor.untyped_storage().data_ptr():
-                        p.data = p.data.clone()  # the same Parameter object, in storage of its own
+        lm.__dict__.pop(_ATTRIBUTE, None)
+
+
+def _structure(model: nn.Module) -> list[tuple[dict, str, nn.Module]]:
+    """Every submodule of ``model`` in its parent's table: (table, name, module)."""
+    return [(parent._modules, name, child) for parent in model.modules() for name, child in parent._modules.items()
+            if child is not None]
 
 
 class DecodeModel:
@@ -204,24 +236,44 @@ class DecodeModel:
         self.takes_offsets = lm is not model
         self.layers = fused.layers
         self.rotary, self.norm, self.head = lm.model.rotary_emb, lm.model.norm, lm.lm_head
+        self._structure = _structure(model)
+        self._modules = [model, *(m for _, _, m in self._structure)]
+        self._config = _config_key(lm.config)
+        self._attributes = [layer.attributes() for layer in self.layers]
 
     @classmethod
-    def for_model(cls, model) -> DecodeModel | None:
+    def for_model(cls, model, force: bool = False) -> DecodeModel | None:
+        """The fused call for ``model`` as it is now (None: it cannot run it); ``force``: refill the copies
+        from the parameters even where their fingerprint is unchanged (what a decode's start does)."""
         lm = base_of(model)
-        fused = fused_layers(lm)
+        fused = fused_layers(lm, model, force)
         return None if fused is None else cls(model, lm, fused)
 
     def current(self) -> bool:
-        """Whether the fused call still computes the model's forward (module structure and parameter storage
-        unchanged since it was bound; an in-place write to a weight needs nothing: it is the fused storage)."""
-        return self.fused.same_structure(self.lm) and self.fused.current()
+        """Whether the fused call still computes the model's forward: every submodule in its place, no hook
+        anywhere, the config and attention attributes it was built on, the copies' sources unchanged by
+        their fingerprint (an in-place write through ``p.data`` is not: :meth:`sync` refills anyway)."""
+        return (all(table.get(name) is module for table, name, module in self._structure)
+                and all(_plain(m) for m in self._modules) and not _global_hooks()
+                and _config_key(self.lm.config) == self._config
+                and all(layer.attributes() == seen for layer, seen in zip(self.layers, self._attributes))
+                and self.fused.current() and self.lm.__dict__.get(_ATTRIBUTE) is self.fused)
+
+    def sync(self) -> bool:
+        """Refill the copies from the parameters (a decode's start: module docstring); False where the fused
+        call no longer fits the model (the caller builds anew)."""
+        if not self.current():
+            return False
+        with _LOCK:
+            return self.fused.refresh(force=True)
 
     def allocate(self, cache, batch: int, device) -> None:
         """Allocate ``cache``'s KV for ``batch`` rows before a first call (a compiled one then traces no
         allocation, and the first decode of a bucket compiles its prefill too)."""
         dtype = self.lm.get_input_embeddings().weight.dtype
         for layer in self.layers:
-            cache.layers[layer.index].allocate(batch, layer.kv_heads, layer.head_dim, layer.head_dim, dtype, device)
+            index, d, _ = layer.attributes()
+            cache.layers[index].allocate(batch, layer.heads()[1], d, d, dtype, device)
 
     def embed(self, ids: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
         if self.takes_offsets:
@@ -240,15 +292,16 @@ class DecodeModel:
         for layer in self.layers:
             x = layer.layer.input_layernorm(h)
             qkv = F.linear(x, layer.qkv.tensor, None if layer.qkv_bias is None else layer.qkv_bias.tensor)
-            d = layer.head_dim
-            qs, ks, vs = qkv.split([layer.heads * d, layer.kv_heads * d, layer.kv_heads * d], -1)
-            qs = qs.view(batch, q, layer.heads, d).transpose(1, 2)
-            ks = ks.view(batch, q, layer.kv_heads, d).transpose(1, 2)
-            vs = vs.view(batch, q, layer.kv_heads, d).transpose(1, 2)
+            index, d, scaling = layer.attributes()  # read as HF's attention reads them: per call
+            heads, kv_heads = layer.heads()
+            qs, ks, vs = qkv.split([heads * d, kv_heads * d, kv_heads * d], -1)
+            qs = qs.view(batch, q, heads, d).transpose(1, 2)
+            ks = ks.view(batch, q, kv_heads, d).transpose(1, 2)
+            vs = vs.view(batch, q, kv_heads, d).transpose(1, 2)
             qs, ks = apply_rotary_pos_emb(qs, ks, cos, sin)
-            keys, values = cache.layers[layer.index].update(ks, vs)
-            out = attend(qs, keys, values, layer.scaling)
-            h = h + layer.attn.o_proj(out.transpose(1, 2).reshape(batch, q, layer.heads * d))
+            keys, values = cache.layers[index].update(ks, vs)
+            out = attend(qs, keys, values, scaling)
+            h = h + layer.attn.o_proj(out.transpose(1, 2).reshape(batch, q, heads * d))
             x = layer.layer.post_attention_layernorm(h)
             gate_up = F.linear(x, layer.gate_up.tensor, None if layer.gate_up_bias is None else layer.gate_up_bias.tensor)
             gate, up = gate_up.chunk(2, -1)

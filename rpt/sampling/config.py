@@ -31,6 +31,12 @@ _INT_RULES = (  # one rule per field
 # typo like 10**12 must be one error, not an allocation failure. 65536 tokens covers any context
 # this sampler decodes; the reference penalizer uses 512 and 32.
 _INT_MAXIMA = {"lz_window": 65536, "lz_buffer": 256}
+# RPT's work per new token: k sweeps, each re-proposing the window's w tokens (w - 1 PTP proposals and x_t's
+# NTP re-proposal), each sweep that changes a token a model call of its own, and k + 1 NTP draws kept per
+# query. No count of sweeps is "enough" for sampled decoding (each one redraws), so the bound is one of cost:
+# at most 256 proposals per new token (k * w <= 256: k <= 128 at w = 2, 85 at w = 3), a decode at most a few
+# hundred times NTP's work; the paper's k is 1-3. A typo (2e9, 10**6) is one error, not a 48 GB allocation.
+MAX_PROPOSALS_PER_TOKEN = 256
 _RANGE_RULES = (
     ("temperature", lambda v: v >= 0, "use 0 for greedy decoding or a positive temperature"),
     ("top_p", lambda v: 0 < v <= 1, "use a value in (0, 1]; 1 turns top-p off"),
@@ -98,6 +104,14 @@ class SamplingConfig:
         for name, high in _INT_MAXIMA.items():
             if getattr(self, name) > high:
                 raise self._bad(name, f"use an integer in [1, {high}] (the paper's window is 512, its buffer 32)")
+        if self.rpt_window > MAX_PROPOSALS_PER_TOKEN:
+            raise self._bad("rpt_window", f"use an integer in [2, {MAX_PROPOSALS_PER_TOKEN}] (2 or 3 as in the paper; "
+                                          f"a decode's window is at most the model's trained one)")
+        if self.rpt_iters * self.rpt_window > MAX_PROPOSALS_PER_TOKEN:
+            high = MAX_PROPOSALS_PER_TOKEN // self.rpt_window
+            raise self._bad("rpt_iters", f"with rpt_window={self.rpt_window} use an integer in [0, {high}] "
+                                         f"(rpt_iters x rpt_window <= {MAX_PROPOSALS_PER_TOKEN} proposals per new "
+                                         f"token; the paper uses 1-3)")
         for name in _FLOAT_KNOBS:
             if not _is_real(getattr(self, name)):
                 raise self._bad(name, "use a finite number")

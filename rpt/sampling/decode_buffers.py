@@ -39,6 +39,18 @@ _ATTRIBUTE = "_rpt_decode_buffers"  # the model's pool: OrderedDict[key, DecodeB
 _LOCK = threading.RLock()
 
 
+@dataclass
+class RememberedFailure:
+    """A compile failure of a bucket's steps (``reason``: :func:`rpt.model_call.compile_guard.describe`'s line)
+    and its ``cause``: what the failed graphs were traced from (the traced sampling config, the model's
+    fused-call epoch: :attr:`~rpt.model_call.queries.ModelQueries.epoch`)."""
+
+    reason: str
+    cause: tuple
+    skips: int  # later decodes of the same cause that run eagerly at once (warned) before one compiles again
+    backoff: int  # the skips of this cause's last failure: the next failure of it doubles them
+
+
 @dataclass(eq=False)
 class DecodeBuffers:
     """One bucket's model queries (KV cache), decode state and compiled steps (built at first use)."""
@@ -47,9 +59,30 @@ class DecodeBuffers:
     state: DecodeState
     steps: dict = field(default_factory=dict)  # name -> compiled step (compiled_ntp / compiled_rpt)
     lent: bool = False
-    # why a compiled decode on these buffers failed (rpt.model_call.compile_guard.describe): the later decodes of the
-    # bucket run eagerly at once instead of compiling (and failing) again, each with the warning
-    failure: str | None = None
+    failure: RememberedFailure | None = None
+
+    def skip(self, cause: tuple) -> str | None:
+        """Why a decode of ``cause`` runs eagerly at once (None: it compiles). A remembered failure of the same
+        cause is not compiled (and failed) again by the next decodes -- 1 after its first failure, then 2, 4,
+        ... after each retry that fails again -- and a decode of another cause (another sampling config, a
+        model whose fused call changed: a hook removed, a module replaced) compiles at once: a fallback does
+        not outlive its cause, and a lasting one costs a compile attempt per doubling of the decodes."""
+        failure = self.failure
+        if failure is None or failure.cause != cause or failure.skips <= 0:
+            return None
+        failure.skips -= 1
+        return failure.reason
+
+    def remember(self, reason: str, cause: tuple) -> None:
+        """A compiled decode of ``cause`` failed: the next decodes of it skip compiling (:meth:`skip`)."""
+        last = self.failure
+        backoff = last.backoff * 2 if last is not None and last.cause == cause else 1
+        self.failure = RememberedFailure(reason, cause, backoff, backoff)
+
+    def compiled(self, cause: tuple) -> None:
+        """A compiled decode of ``cause`` ran: its failure, if one was remembered, is gone."""
+        if self.failure is not None and self.failure.cause == cause:
+            self.failure = None
 
 
 def buffers_key(batch: int, capacity: int, window: int, ntp_draws: int, eos_count: int, backend) -> tuple:

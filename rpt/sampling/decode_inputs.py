@@ -21,6 +21,7 @@ from rpt.sampling.prompts import (
     prepare_prompts,
     row_budgets,
     rpt_iterations,
+    vocabulary_size,
 )
 from rpt.sampling.stopping import StopChecker
 from rpt.sampling.streaming import check_streamer
@@ -39,11 +40,12 @@ class DecodeInputs:
 def prepare_decode(model, config: SamplingConfig, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    tokenizer, streamer, row_seeds: list[int] | None) -> DecodeInputs:
     """Check and prepare a decode's inputs (``ValueError`` on a bad one), in the order a user meets the
-    errors: the config, the model, the prompts, the streamer, the budgets, the row seeds."""
+    errors: the config, the model, the prompts (their token ids inside the model's vocabulary), the
+    streamer, the budgets, the row seeds."""
     config.validate()
     config = config.with_default_eos(model, tokenizer)
     check_model(model, config)
-    prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer)
+    prompts = prepare_prompts(input_ids, attention_mask, config, tokenizer, vocabulary_size(model))
     check_streamer(streamer, len(prompts.rows))
     budgets = row_budgets(model, prompts, config)
     plan = Plan(k=rpt_iterations(model, config), w=config.rpt_window, max_new=max(budgets),

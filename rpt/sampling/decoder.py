@@ -40,6 +40,7 @@ row has settled a column, and gets the rows back, with the call already made, at
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -88,6 +89,13 @@ class Decoder:
         self._lent: DecodeBuffers | None = None  # the pool's entry this decode borrowed (close gives it back)
         self.buffers = self._buffers(model, capacity, len(prompts.rows))
         self.queries, self.state = self.buffers.queries, self.buffers.state
+        self.queries.check_each_call = False  # checked once, here: the fused call against the model, its copies refilled
+        self.queries.sync()
+        # what a compile failure of this decode is keyed to: the graphs' config and the model's fused call
+        # (its length, seed and stop strings change no graph)
+        self.cause = (dataclasses.replace(config.traced(), max_new_tokens=1, seed=None, stop=[]), self.queries.epoch)
+        if self._lent is not None:
+            self._skip_remembered_failure()
         self.batch = self.state.seqs.shape[0]  # compiled: the batch bucket (rows past the decode's are inert)
         # the rows' current tokens (the processors' contexts), budgets, seeds and EOS ids (none: -1,
         # an id no token has, keeps isin's shape fixed) and the float knobs in the state's buffers
@@ -130,10 +138,15 @@ class Decoder:
             return DecodeBuffers(queries, DecodeState.allocate(batch, capacity, draws, eos, self.device, static=True))
 
         self._lent, _ = borrow(model, key, build)
-        if self._lent.failure is not None:  # an earlier decode of this bucket failed to compile
-            failure, self._lent = self._lent.failure, give_back(self._lent)
-            raise CompileFailure(failure)
         return self._lent
+
+    def _skip_remembered_failure(self) -> None:
+        """Raise the bucket's remembered compile failure where this decode has its cause and is to run eagerly
+        at once (:meth:`DecodeBuffers.skip <rpt.sampling.decode_buffers.DecodeBuffers.skip>`)."""
+        reason = self._lent.skip(self.cause)
+        if reason is not None:
+            self._lent = give_back(self._lent)
+            raise CompileFailure(reason)
 
     @property
     def lent(self) -> DecodeBuffers | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, failing_at_recompile_limit, strict
+from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure, decode_dynamo_settings, strict
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.decode_inputs import DecodeInputs, prepare_decode
 from rpt.sampling.decoder import Decoder
@@ -77,21 +77,27 @@ def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, star
             compile: bool | str | Callable) -> GenerateOutput:
     """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.model_call.compile_guard`)
     is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
-    strict mode the failure is raised)."""
+    strict mode the failure is raised). The failure is remembered by the bucket, keyed to its cause
+    (:meth:`~rpt.sampling.decode_buffers.DecodeBuffers.skip`). Bad inputs are refused before any of
+    this (:func:`~rpt.sampling.decode_inputs.prepare_decode`): they are never a compile failure."""
     if not compile:
         return _run(Decoder(model, inputs, input_ids, streamer, start, compile))
     watched = None if streamer is None else ReplayGuard(streamer)
     try:
-        with failing_at_recompile_limit():
+        with decode_dynamo_settings():
             decoder = Decoder(model, inputs, input_ids, watched, start, compile)
+            lent = decoder.lent
             try:
-                return decoder.run()
+                out = decoder.run()
             except CompileFailure as failure:
-                if decoder.lent is not None and decoder.lent.failure is None:
-                    decoder.lent.failure = str(failure)  # the bucket's later decodes run eagerly at once
+                if lent is not None:  # the bucket's next decodes of this cause run eagerly at once
+                    lent.remember(str(failure), decoder.cause)
                 raise
             finally:
                 decoder.close()
+            if lent is not None:
+                lent.compiled(decoder.cause)
+            return out
     except CompileFailure as failure:
         if strict():
             raise

@@ -48,6 +48,29 @@ def rpt_iterations(model, config: SamplingConfig) -> int:
     return config.rpt_iters if isinstance(model, RPTForCausalLM) else 0
 
 
+def vocabulary_size(model) -> int | None:
+    """The token ids ``model`` can embed: its input embedding's rows (None: no embedding to ask)."""
+    base = getattr(model, "lm", model)
+    get = getattr(base, "get_input_embeddings", None)
+    embedding = get() if get is not None else None
+    weight = getattr(embedding, "weight", None)
+    return None if weight is None else int(weight.shape[0])
+
+
+def check_token_ids(rows: list[list[int]], pads: list[int], vocab: int | None) -> None:
+    """``ValueError`` (one line: where, which id, the vocabulary and the fix) for a prompt token id outside
+    ``0 .. vocab - 1``: checked before any model call, eager or compiled, so that a bad id never reaches an
+    embedding lookup (an ``IndexError``, or a compiled step's failure)."""
+    if vocab is None:
+        return
+    for b, row in enumerate(rows):
+        if row and (min(row) < 0 or max(row) >= vocab):
+            j = next(j for j, t in enumerate(row) if not 0 <= t < vocab)
+            raise ValueError(f"input_ids[{b}, {pads[b] + j}] = {row[j]} is outside the model's vocabulary of {vocab} "
+                             f"ids (0 .. {vocab - 1}): tokenize with the model's own tokenizer (or resize its "
+                             f"embeddings to the tokenizer's, model.resize_token_embeddings(len(tokenizer)))")
+
+
 def _split_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[list[list[int]], list[int]]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
         raise ValueError("input_ids must be an integer tensor [batch, length]")
@@ -74,9 +97,11 @@ def _split_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) ->
 
 
 def prepare_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: SamplingConfig,
-                    tokenizer=None) -> Prompts:
-    """Split a left-padded batch into per-row prompts and apply token healing if configured."""
+                    tokenizer=None, vocab_size: int | None = None) -> Prompts:
+    """Split a left-padded batch into per-row prompts (their ids checked against ``vocab_size``:
+    :func:`check_token_ids`) and apply token healing if configured."""
     rows, pads = _split_rows(input_ids, attention_mask)
+    check_token_ids(rows, pads, vocab_size)
     width = input_ids.shape[1]
     prefixes, vocab = [b""] * len(rows), None
     if config.token_healing:
