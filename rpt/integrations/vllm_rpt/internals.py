@@ -40,6 +40,8 @@ OVERRIDDEN = {
     "vllm.v1.core.sched.scheduler.Scheduler.update_from_output":
         "a step that emitted nothing leaves num_computed_tokens = num_tokens - 1; refused requests finish",
     "vllm.v1.core.sched.scheduler.Scheduler.has_requests": "refused requests still get their output",
+    "vllm.v1.core.sched.scheduler.Scheduler.dynamic_sd_lookup":
+        "a constant table: no -1 padding drafts for new one-token requests (they mis-sample beside sampled ones)",
     "vllm.v1.engine.EngineCoreOutput(finish_reason=ERROR, stop_reason=message)": "a refused request's error",
 }
 

@@ -78,7 +78,8 @@ class RPTLlamaForCausalLM(LlamaForCausalLM):
         vocab = self.config.vocab_size
         if self.rpt_rows is None or input_ids is None or inputs_embeds is not None:
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-        codes = torch.div(input_ids, vocab, rounding_mode="floor")
+        # vLLM pads a new one-token request's drafts with -1: code 0 there, as in the stock model
+        codes = torch.div(input_ids.clamp(min=0), vocab, rounding_mode="floor")
         if not bool(codes.any()):
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         embeds = self.model.embed_input_ids(input_ids - codes * vocab) + self.rpt_rows[codes]

@@ -72,8 +72,9 @@ class RPTRunnerMixin:
         # the stock sampler may edit logits in place: the RPT rows are taken first
         rows = {i: logits[(ends[i - 1] if i else 0): ends[i]].clone() for i, _ in rpt}
         stock = spec_decode_metadata
-        if stock is not None:
-            stock = dataclasses.replace(stock, draft_token_ids=stock.draft_token_ids % vocab)
+        if stock is not None:  # chain codes cut to token ids; vLLM's -1 padding drafts stay -1 (never accepted)
+            ids = stock.draft_token_ids
+            stock = dataclasses.replace(stock, draft_token_ids=torch.where(ids >= vocab, ids % vocab, ids))
         out = super()._sample(logits, stock)
         emitted = {i: ([] if self.discard_request_mask.np[i] else driver.step(rows[i])) for i, driver in rpt}
         sampled = out.sampled_token_ids

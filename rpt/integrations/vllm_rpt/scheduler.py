@@ -35,6 +35,10 @@ class RPTScheduler(Scheduler):
         lookup = {"revision": model_config.revision} if model_config.revision else {}
         config = read_rpt_config(self.rpt_source, **lookup)
         self.rpt_window = None if config is None else config.window
+        # A constant "dynamic speculative decoding" table (the configured width at every batch size) turns
+        # off the padding of a new one-token request with -1 drafts, which exists for CUDA graphs (this
+        # engine is eager) and makes the stock sampler mis-sample a greedy request beside a sampled one.
+        self.dynamic_sd_lookup = [self.num_spec_tokens] * (self.scheduler_config.max_num_seqs + 1)
         self.rpt_requests: set[str] = set()
         self.rpt_refused: list[tuple[object, str]] = []
 
