@@ -13,6 +13,11 @@ from rpt.integrations.vllm_rpt.runner import RPTCPUModelRunner
 class RPTCPUWorker(CPUWorker):
     def init_device(self):
         check_version()
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            raise RuntimeError("RPT in vLLM runs on vLLM's CPU worker only (its chain attention uses the CPU attention "
+                               "kernel); on a GPU decode with rpt.sampling.generate")
         if self.use_v2_model_runner:
             raise RuntimeError("RPT in vLLM runs on the V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER")
         super().init_device()
