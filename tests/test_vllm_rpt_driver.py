@@ -139,3 +139,17 @@ def test_refusals_and_plain_requests():
     assert parse_settings(SimpleNamespace(extra_args={"rpt_iters": 0}), trained_window=None, source="C") is None
     assert parse_settings(SimpleNamespace(extra_args={"lz_penalty": 0.1}), trained_window=None, source="C") is None
     assert rpt_budget(10, 100, 64, 3) == 50 and rpt_budget(10, 5, 64, 3) == 5
+
+
+def test_find_chains_reads_requests_lags_and_newest_positions_from_the_codes():
+    """The model's view of a step: request 0 plain (3 rows), request 1 with tail rows up to n = 9 and the
+    chains of lags 1 and 2 (codes 1; 2, 3), positions true after the shift."""
+    from rpt.integrations.vllm_rpt.side_attention import find_chains
+
+    _, shift, _ = code_tables(3)
+    codes = torch.tensor([0, 0, 0, 0, 0, 0, 1, 2, 3])
+    slots = torch.tensor([4, 5, 6, 7, 8, 9, 10, 11, 12])
+    positions = slots - shift[codes]
+    assert positions[6:].tolist() == [9, 8, 9]  # x_9 (lag 1), then x_8, x_9 (lag 2)
+    chains = find_chains(codes, positions, torch.tensor([0, 3, 9]))
+    assert [(c.lag, c.rows.tolist(), c.requests, c.newest) for c in chains] == [(1, [6], [1], [9]), (2, [7, 8], [1], [9])]
