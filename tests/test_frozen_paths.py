@@ -16,13 +16,19 @@ from tests.scripts import ROOT
 FROZEN = [
     "rpt.hf_generate:generate",
     "rpt.integrations.vllm:LZPenalty",
+    "rpt.integrations.vllm_rpt.plugin:register",
+    "rpt.integrations.vllm_rpt.launch:rpt_engine_args",
+    "rpt.integrations.vllm_rpt.worker:RPTCPUWorker",
+    "rpt.integrations.vllm_rpt.scheduler:RPTScheduler",
+    "rpt.integrations.vllm_rpt.drafts:Drafts",
     "rpt.benchmarks.lm_eval_adapter:RPTLM",
     "rpt.sampling:generate",
     "rpt.sampling:SamplingConfig",
     "rpt.model:RPTForCausalLM",
     "rpt.demo",
 ]
-NEEDS = {"rpt.integrations.vllm": "vllm"}  # module -> the optional dependency its import needs
+NEEDS = {"rpt.integrations.vllm": "vllm", "rpt.integrations.vllm_rpt.worker": "vllm",
+         "rpt.integrations.vllm_rpt.scheduler": "vllm"}  # module -> the optional dependency its import needs
 
 
 def design_frozen_paths() -> list[str]:

@@ -109,7 +109,7 @@ def test_placeholders_wait_until_filled_and_taken_back_tokens_restart_the_row():
     ({"lz_penalty": 0.15, "lz_variant": "dry"}, "lz_variant='dry' is invalid"),
     ({"lz_penalty": 0.15, "lz_windw": 64}, r"\['lz_windw'\] are not LZ penalty settings: use lz_penalty, lz_window"),
     ({"lz_window": 64}, "without 'lz_penalty': add lz_penalty"),
-    ({"rpt_iters": 1}, "RPT iterations need the checkpoint's offset table"),
+    ({"rpt_iters": 1, "lz_penalty": 0.15}, "lz_penalty together with rpt_iters is not served yet"),
 ])
 def test_bad_settings_are_one_clear_error(extra, message):
     with pytest.raises(ValueError, match=message):

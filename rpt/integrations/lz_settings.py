@@ -18,11 +18,9 @@ KEYS = ("lz_penalty", "lz_window", "lz_buffer", "lz_variant", "lz_include_prompt
 # Model Runner V2's per-step match lengths B * W bytes per row (1 MiB). The paper's W is 512, B 32.
 MAX_WINDOW = 8192
 MAX_BUFFER = 128
-# SamplingConfig knobs an engine's plain NTP step cannot honour: refused rather than ignored
-_NOT_SERVED = {
-    "rpt_iters": "RPT iterations need the checkpoint's offset table and previous-token queries, which a serving "
-                 "engine does not run; decode with rpt.sampling.generate or sample.py",
-}
+# LZ with RPT: the RPT engine's step (rpt.integrations.vllm_rpt) does not apply the penalty yet
+_WITH_RPT = ("lz_penalty together with rpt_iters is not served yet: the engine's RPT step does not apply the LZ "
+             "penalty; drop one of them, or decode with rpt.sampling.generate")
 
 
 @dataclass(frozen=True)
@@ -38,9 +36,8 @@ class LZSettings:
         """The request's settings, ``None`` when it asks for no LZ penalty; ``ValueError`` naming the
         bad key and the fix otherwise."""
         extra = extra_args or {}
-        for key, why in _NOT_SERVED.items():
-            if extra.get(key):
-                raise ValueError(f"extra_args[{key!r}]={extra[key]!r} is not available in the engine: {why}")
+        if extra.get("rpt_iters") and extra.get("lz_penalty"):
+            raise ValueError(f"extra_args rpt_iters={extra['rpt_iters']!r}: {_WITH_RPT}")
         asked = {k: v for k, v in extra.items() if isinstance(k, str) and k.startswith("lz_")}
         unknown = sorted(set(asked) - set(KEYS))
         if unknown:

@@ -28,6 +28,7 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from rpt.integrations.lz_rows import LZRows
 from rpt.integrations.lz_settings import LZSettings
 from rpt.integrations.lz_slots import LZSlots
+from rpt.integrations.vllm_rpt import admission
 
 try:  # Model Runner V2's interface (vLLM >= 0.3x); older releases have V1 only
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
@@ -36,7 +37,9 @@ except ImportError:  # pragma: no cover - depends on the installed vLLM
 
 
 def _validate(sampling_params) -> None:
+    """Every rpt setting checked at admission: the LZ penalty's, and RPT's (:mod:`rpt.integrations.vllm_rpt.admission`)."""
     LZSettings.from_extra_args(sampling_params.extra_args)
+    admission.validate(sampling_params)
 
 
 class LZPenaltyV1(V1LogitsProcessor):
