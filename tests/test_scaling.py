@@ -17,6 +17,7 @@ import torch
 
 from rpt.studies import registration_check as guard
 from rpt.studies import scaling_fits as fits
+from rpt.studies import scaling_report as report
 from rpt.studies import scaling_run as runner
 from rpt.studies import scaling_study as study
 from rpt.studies.scaling_design import CONFIG, Design, Size, plan
@@ -157,9 +158,9 @@ def synthetic_models(params=(69_000, 143_000, 363_000, 914_000, 2_114_000), seed
         for seed in seeds:
             cnt = np.full((12, 2), 1000.0)
             loss = 3.0 + 40.0 * n ** -0.3 + rng.normal(0.0, 0.01, (12, 2))
-            p0 = rng.uniform(0.0, 1.0, 200)
-            ea = {r: {"p0": p0.tolist(), "p1": np.clip(p0 - (0.1 - 0.02 * x) + rng.normal(0, 0.02, 200), 0, 1).tolist(),
-                      "bound": [0.0] * 200} for r in RULES}
+            p0 = rng.uniform(0.0, 1.0, 100)
+            ea = {r: {"p0": p0.tolist(), "p1": np.clip(p0 - (0.1 - 0.02 * x) + rng.normal(0, 0.02, 100), 0, 1).tolist(),
+                      "bound": [0.0] * 100} for r in RULES}
             models.append({"name": f"n{n}_s{seed}", "size": f"n{n}", "seed": seed, "parameters": n,
                            "training_tokens": n, "batch": 1, "steps": [1, 1], "checkpoint": "-",
                            "losses": {"ntp": 0.0, "ptp_1": 0.0, "batch_sum": (loss * cnt).tolist(),
@@ -170,7 +171,7 @@ def synthetic_models(params=(69_000, 143_000, 363_000, 914_000, 2_114_000), seed
 
 
 def test_summary_and_report_on_synthetic_models(tmp_path):
-    summary = study.summarise(synthetic_models(), resamples=300)
+    summary = study.summarise(synthetic_models(), resamples=200)
     c = summary["crossover"]["sampled_0"]
     assert c["log10_crossover"] == pytest.approx(5.0, abs=0.1)  # eps change 0.1 - 0.02 log10 N
     p = summary["predictions"]
@@ -178,9 +179,9 @@ def test_summary_and_report_on_synthetic_models(tmp_path):
     assert summary["quantities"]["ntp_loss"]["power_offset"]["alpha"] == pytest.approx(0.3, abs=0.1)
     summary.update(official=False, registration=None, code={"commit": "0" * 40}, seeds=[0, 1],
                    models=[runner._model_row(m, None) for m in synthetic_models()])
-    paths = runner.write_outputs(tmp_path / "s.json", summary)
-    assert all(p.exists() for p in paths) and "Development run" in paths[1].read_text()
-    assert json.loads(paths[0].read_text())["crossover"]["sampled_0"]["where"] == "inside the measured range"
+    text = report.notes(summary) + "\n".join(str(t) for t in report.tables(summary))
+    assert "Development run" in text and "N* = 10^5.0" in text and "largest_eps_change_sampled_0" in text
+    # write_outputs and the figure: the slow miniature below (a figure costs seconds to render)
 
 
 # ---- the registration guard ----------------------------------------------------------------------------------
@@ -254,3 +255,38 @@ def test_official_seeds_are_refused_before_any_work(tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and runner.PREREGISTRATION in err[0]
     assert not out.exists() and not work.exists()
+
+
+# ---- the miniature, end to end ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_miniature_study_end_to_end(tmp_path):
+    """Two sizes, one development seed, a few steps each, trained in process on the demo's corpus;
+    measured, summarised and written (JSON, markdown, figure); a rerun trains and measures nothing."""
+    from tests.inprocess_train import train_main
+
+    trained = []
+
+    def train_in_process(jobs):
+        from rpt.report import write_json
+
+        for job in jobs:
+            trained.append(job)
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            assert train_main(str(ROOT / job.config), f"output_dir={job.run_dir}", "resume=none", "log_every=100",
+                              "plot=false", "data_workers=0", *job.overrides) == 0
+            write_json(job.run_dir / "controlled_run.json", {"config": job.config, "overrides": job.overrides})
+
+    design = dataclasses.replace(Design.load(ROOT / CONFIG), tokens_per_parameter=0.02, positions=24,
+                                 excess_positions=4, bootstrap_resamples=200)
+    work = tmp_path / "work"
+    kw = dict(runner=train_in_process, sizes=2, extra_overrides=["eval_batches=2"])
+    summary = runner.run(design, [100, 101], work, **kw)
+    assert len(trained) == 8 and not summary["official"] and summary["registration"] is None
+    assert [m["parameters"] for m in summary["models"]] == [68_912, 68_912, 142_944, 142_944]
+    paths = runner.write_outputs(tmp_path / "mini.json", summary)
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    saved = json.loads(paths[0].read_text())
+    assert set(saved["crossover"]) == set(RULES) and all(isinstance(p["held"], bool) for p in saved["predictions"].values())
+    trained.clear()
+    again = runner.run(design, [100, 101], work, **kw)
+    assert not trained and again["quantities"] == summary["quantities"]

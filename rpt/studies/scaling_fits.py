@@ -20,11 +20,12 @@ same positions) and recomputes the per-size mean over the drawn seeds.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from rpt.studies.seeds import t_interval
 
 LEVEL = 0.95
 
@@ -48,30 +49,30 @@ def crossover(ab: np.ndarray) -> np.ndarray:
 
 
 def power_offset(n: np.ndarray, y: np.ndarray) -> dict | None:
-    """``y = c + k N^(-alpha)`` by least squares (``alpha`` in (0, 3]); None when no start converges.
+    """``y = c + k N^(-alpha)`` by least squares, ``alpha`` in [0.01, 3]: for a fixed ``alpha`` the
+    model is linear in ``(c, k)`` (solved exactly), so only ``alpha`` is searched (a grid, then a
+    bounded scalar minimisation around the best point). None with fewer than three sizes.
     Returns ``c``, ``k``, ``alpha`` and the residual sum of squares."""
-    from scipy.optimize import curve_fit
+    from scipy.optimize import minimize_scalar
 
     n = np.asarray(n, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    scale = n.min()  # N / N_min keeps k of the order of y's spread
+    if len(n) < 3:
+        return None
+    u = n / n.min()  # N / N_min: the columns stay of order one
 
-    def f(nn, c, k, alpha):
-        return c + k * (nn / scale) ** (-alpha)
+    def solve(alpha: float) -> tuple[float, np.ndarray]:
+        design = np.stack([np.ones_like(u), u ** (-alpha)], axis=1)
+        coef = np.linalg.lstsq(design, y, rcond=None)[0]
+        return float(((design @ coef - y) ** 2).sum()), coef
 
-    best = None
-    for alpha0 in (0.1, 0.3, 0.7, 1.5):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                p, _ = curve_fit(f, n, y, p0=[y[-1], y[0] - y[-1], alpha0], bounds=([-np.inf, -np.inf, 1e-4], [np.inf, np.inf, 3.0]),
-                                 maxfev=2000)
-            except (RuntimeError, ValueError):
-                continue
-        rss = float(((f(n, *p) - y) ** 2).sum())
-        if best is None or rss < best["rss"]:
-            best = {"c": float(p[0]), "k": float(p[1]) * scale ** float(p[2]), "alpha": float(p[2]), "rss": rss}
-    return best
+    grid = np.linspace(0.01, 3.0, 60)
+    i = int(np.argmin([solve(a)[0] for a in grid]))
+    res = minimize_scalar(lambda a: solve(a)[0], bounds=(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]),
+                          method="bounded")
+    alpha = float(res.x)
+    rss, (c, k) = solve(alpha)
+    return {"c": float(c), "k": float(k) * n.min() ** alpha, "alpha": alpha, "rss": rss}
 
 
 def power_offset_value(fit: dict, n) -> np.ndarray:
@@ -120,8 +121,7 @@ def interval(values: np.ndarray, level: float = LEVEL) -> list[float]:
 
 
 def t_interval_of(values: Sequence[float], level: float = LEVEL) -> list[float] | None:
-    from rpt.studies.seeds import t_interval
-
+    """Student's t interval over seeds (None for one seed)."""
     return t_interval(values, level)
 
 

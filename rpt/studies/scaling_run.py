@@ -53,8 +53,8 @@ def check_official(design: Design, seeds: Sequence[int], changed: bool, root: Pa
 def prepare_corpus(design: Design, work: Path) -> str:
     """The demo's tokenizer (trained once on the corpus's training split with seed 0, as the demo's
     corpus stage does) and the packed token stores, built once before the runs that share them."""
-    from rpt.data import build_packed, load_or_train_tokenizer
-    from rpt.training.config import load_config
+    from rpt.data import build_packed, load_or_train_tokenizer  # late: datasets and the tokenizer stack
+    from rpt.training.config import load_config  # late: with the data stack it checks against
 
     cfg = load_config(str(ROOT / design.pretrain_config))
     cfg = dataclasses.replace(cfg, cache_dir=str(work / "cache"), seed=0)
@@ -114,7 +114,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
 
 
 def measure_all(design: Design, models: Sequence[Model], work: Path, tokenizer: str) -> list[dict]:
-    from rpt.data import load_tokenizer
+    from rpt.data import load_tokenizer  # late: the tokenizer stack
 
     docs = validation_docs(load_tokenizer(tokenizer))
     positions, excess = fixed_positions(docs, design)
