@@ -171,10 +171,13 @@ def synthetic_models(params=(69_000, 143_000, 363_000, 914_000, 2_114_000), seed
 
 
 def test_summary_and_report_on_synthetic_models(tmp_path):
-    summary = study.summarise(synthetic_models(), resamples=200)
+    summary = study.summarise(synthetic_models(), resamples=200, predicted_crossover=(4.5, None))
     c = summary["crossover"]["sampled_0"]
     assert c["log10_crossover"] == pytest.approx(5.0, abs=0.1)  # eps change 0.1 - 0.02 log10 N
     p = summary["predictions"]
+    assert p["crossover_as_registered"]["held"]
+    assert not study.predictions(summary["quantities"], (5.5, None))["crossover_as_registered"]["held"]
+    assert study.in_range(None, (7.0, None)) and not study.in_range(None, (4.0, 9.0))
     assert p["excess_falls"]["held"] and p["largest_eps_change_sampled_0"]["held"] and p["largest_ntp_loss"]["held"]
     assert summary["quantities"]["ntp_loss"]["power_offset"]["alpha"] == pytest.approx(0.3, abs=0.1)
     summary.update(official=False, registration=None, code={"commit": "0" * 40}, seeds=[0, 1],
@@ -182,6 +185,12 @@ def test_summary_and_report_on_synthetic_models(tmp_path):
     text = report.notes(summary) + "\n".join(str(t) for t in report.tables(summary))
     assert "Development run" in text and "N* = 10^5.0" in text and "largest_eps_change_sampled_0" in text
     # write_outputs and the figure: the slow miniature below (a figure costs seconds to render)
+    from rpt.demo.report import scaling_study_line
+    from rpt.report import write_json
+
+    assert scaling_study_line(tmp_path / "none.json").startswith("not run yet")
+    line = scaling_study_line(write_json(tmp_path / "s.json", summary))
+    assert line.startswith("Development scaling study") and "N* = 10^5.0" in line and "\n" not in line
 
 
 # ---- the registration guard ----------------------------------------------------------------------------------

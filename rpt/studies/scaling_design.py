@@ -68,6 +68,8 @@ class Design:
     context_len: int
     position_seed: int
     bootstrap_resamples: int
+    # The registered prediction of the primary crossover, [low, high] in log10 parameters (null: unbounded).
+    predicted_crossover_log10: tuple[float | None, float | None]
 
     @classmethod
     def load(cls, path: str | Path) -> Design:
@@ -79,6 +81,7 @@ class Design:
             raise ValueError(f"{path}: unknown keys {unknown}, missing keys {missing}; the keys are {sorted(fields)}")
         raw["sizes"] = tuple(Size(**s) for s in raw["sizes"])
         raw["seeds"] = tuple(raw["seeds"])
+        raw["predicted_crossover_log10"] = tuple(raw["predicted_crossover_log10"])
         design = cls(**raw)
         design.check()
         return design

@@ -46,6 +46,20 @@ def crossover_text(c: dict) -> str:
             f"{c['share_no_crossover']:.0%} of the replicates have no crossover")
 
 
+def one_line(summary: dict) -> str:
+    """The study in one line (the demo's report and the README): the primary crossover and the
+    registered checks."""
+    c = summary["crossover"][PRIMARY_RULE]
+    failed = [k for k, p in summary["predictions"].items() if not p["held"]]
+    sizes = summary["parameters"]
+    return (f"{'Official' if summary.get('official') else 'Development'} scaling study on code "
+            f"({len(sizes)} sizes, {sizes[0]:,} to {sizes[-1]:,} parameters, seeds {summary['seeds']}): "
+            f"eps_1 - eps_0 ({PRIMARY_RULE}) at the largest size "
+            f"{summary['quantities'][f'eps_change_{PRIMARY_RULE}']['sizes'][-1]['mean']:+.4f}, PTP excess "
+            f"{summary['quantities']['ptp_excess']['sizes'][-1]['mean']:+.3f} nats; crossover {crossover_text(c)}; "
+            f"registered checks failed: {', '.join(failed) or 'none'}")
+
+
 def tables(summary: dict) -> list[tuple[list[str], list[list]]]:
     params = summary["parameters"]
     q = summary["quantities"]
@@ -67,7 +81,11 @@ def tables(summary: dict) -> list[tuple[list[str], list[list]]]:
              for r, c in summary["crossover"].items()]
     preds = []
     for key, p in summary["predictions"].items():
-        if "slope" in p:
+        if "registered_log10" in p:
+            lo, hi = p["registered_log10"]
+            est = (f"registered [{'-inf' if lo is None else lo}, {'+inf' if hi is None else hi}]; measured "
+                   + ("none" if p["log10_crossover"] is None else f"10^{p['log10_crossover']:.2f}"))
+        elif "slope" in p:
             est = f"slope {p['slope']:+.4f} per decade, 95% CI {_ci(p['slope_ci95'])}"
         elif "difference_ci95" in p:
             est = (f"observed {p['observed']:+.4f}, predicted {p['predicted']:+.4f}; observed - predicted "

@@ -105,7 +105,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
     train(models, parallel, runner)
     t1 = time.perf_counter()
     measured = measure_all(design, models, work, tokenizer)
-    summary = study.summarise(measured, design.bootstrap_resamples)
+    summary = study.summarise(measured, design.bootstrap_resamples, design.predicted_crossover_log10)
     summary.update(study="scaling", official=registration is not None, registration=registration,
                    code=registration_check.code_commit(root), seeds=list(seeds), design=design.to_dict(),
                    models=[_model_row(m, design) for m in measured],

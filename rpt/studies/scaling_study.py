@@ -103,7 +103,10 @@ def group(models: Sequence[dict]) -> tuple[np.ndarray, list[list[dict]]]:
     return params, groups
 
 
-def summarise(models: Sequence[dict], resamples: int) -> dict:
+def summarise(models: Sequence[dict], resamples: int,
+              predicted_crossover: tuple[float | None, float | None] = (None, None)) -> dict:
+    """Every quantity per size with its fits, the crossovers, and the registered predictions
+    (``predicted_crossover``: the primary crossover's registered range in log10 N, None unbounded)."""
     params, groups = group(models)
     per_size = [measured(g) for g in groups]
     quantities = {name: summarise_quantity(name, params, [ps[name] for ps in per_size], resamples,
@@ -111,13 +114,26 @@ def summarise(models: Sequence[dict], resamples: int) -> dict:
                   for i, name in enumerate(quantity_names())}
     return {"parameters": [int(n) for n in params], "quantities": quantities,
             "crossover": {r: quantities[f"eps_change_{r}"]["log_linear"] for r in RULES},
-            "predictions": predictions(quantities), "paper_8b": PAPER}
+            "predictions": predictions(quantities, predicted_crossover), "paper_8b": PAPER}
 
 
-def predictions(q: dict) -> dict:
+def in_range(x: float | None, bounds: Sequence[float | None]) -> bool:
+    """``x`` (None: no crossover, +inf) inside ``[low, high]`` (None: unbounded on that side)."""
+    value = math.inf if x is None else x
+    return (bounds[0] is None or value >= bounds[0]) and (bounds[1] is None or value <= bounds[1])
+
+
+def predictions(q: dict, predicted_crossover: Sequence[float | None] = (None, None)) -> dict:
     """The registered checks (docs/scaling_preregistration.md), each held or failed."""
     excess = q["ptp_excess"]["log_linear"]
-    out = {"excess_falls": {"what": "the PTP excess falls with size: the log-linear slope's 95% interval (seeds x "
+    primary = q[f"eps_change_{PRIMARY_RULE}"]["log_linear"]
+    out = {"crossover_as_registered": {
+        "what": f"the crossover of eps_1 - eps_0 ({PRIMARY_RULE}) lies in the registered range of log10 N "
+                "(None: unbounded; no crossover counts as +infinity)",
+        "registered_log10": list(predicted_crossover), "log10_crossover": primary["log10_crossover"],
+        "log10_crossover_ci95": primary["log10_crossover_ci95"],
+        "held": in_range(primary["log10_crossover"], predicted_crossover)},
+        "excess_falls": {"what": "the PTP excess falls with size: the log-linear slope's 95% interval (seeds x "
                                     "positions) lies below 0", "slope": excess["b"], "slope_ci95": excess["b_ci95"],
                             "held": bool(excess["b_ci95"][1] < 0)}}
     for r in RULES:
