@@ -65,6 +65,7 @@ def error_analysis(model, docs, positions, design: Design, pad: int) -> dict:
     ``|q_1 - p_1|``) per position."""
     out = {}
     for name, rule in RULES.items():
+        t0 = time.perf_counter()
         p0, p1, bound = [], [], []
         for lo in range(0, len(positions), BATCH):
             part = positions[lo:lo + BATCH]
@@ -75,6 +76,8 @@ def error_analysis(model, docs, positions, design: Design, pad: int) -> dict:
             p1 += res.probs[:, 1].tolist()
             bound += res.bound[:, 1].tolist()
         out[name] = {"p0": p0, "p1": p1, "bound": bound}
+        print(f"[scaling]   error analysis, {name}: {len(positions)} positions in {time.perf_counter() - t0:.0f} s",
+              flush=True)
     return out
 
 
@@ -82,12 +85,14 @@ def error_analysis(model, docs, positions, design: Design, pad: int) -> dict:
 def ptp_excess(model, docs, positions, design: Design, pad: int) -> dict:
     """Per position the PTP head's loss and the NTP-implied PTP's loss (nats)."""
     head, implied = [], []
+    t0 = time.perf_counter()
     for lo in range(0, len(positions), EXCESS_BATCH):
         part = positions[lo:lo + EXCESS_BATCH]
         loss = ea.ptp_vs_implied(model, [_context(docs[d], t, design.context_len) for d, t in part],
                                  [docs[d][t] for d, t in part], [docs[d][t + 1] for d, t in part], pad_id=pad)
         head += loss[:, 0].tolist()
         implied += loss[:, 1].tolist()
+    print(f"[scaling]   PTP excess: {len(positions)} positions in {time.perf_counter() - t0:.0f} s", flush=True)
     return {"head": head, "implied": implied}
 
 

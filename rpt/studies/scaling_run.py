@@ -114,7 +114,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
 
 
 def measure_all(design: Design, models: Sequence[Model], work: Path, tokenizer: str) -> list[dict]:
-    from rpt.data import load_tokenizer  # late: the tokenizer stack
+    from rpt.data.tokenizer import load_tokenizer  # late: the tokenizer stack
 
     docs = validation_docs(load_tokenizer(tokenizer))
     positions, excess = fixed_positions(docs, design)
