@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help=f"output JSON (default {runner.OFFICIAL_OUT} for the official run, "
                         "<work>/scaling.json otherwise); .md/.png beside it")
     parser.add_argument("--parallel", type=int, default=2, help="training runs side by side, one thread each")
+    parser.add_argument("--measure-threads", type=int, default=None,
+                        help="torch threads of the measurement (default: torch's; 1 on a crowded machine)")
     return parser
 
 
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        summary = runner.run(design, seeds, work, parallel=max(1, args.parallel), changed=changed, sizes=args.sizes)
+        summary = runner.run(design, seeds, work, parallel=max(1, args.parallel), changed=changed, sizes=args.sizes,
+                             measure_threads=args.measure_threads)
     except runner.Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -83,9 +83,11 @@ def train(models: Sequence[Model], parallel: int, runner: Callable[[list[TrainJo
 
 def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, changed: bool = False,
         root: Path | None = None, runner: Callable[[list[TrainJob]], None] | None = None,
-        tokenizer: str | None = None, extra_overrides: Sequence[str] = (), sizes: int | None = None) -> dict:
+        tokenizer: str | None = None, extra_overrides: Sequence[str] = (), sizes: int | None = None,
+        measure_threads: int | None = None) -> dict:
     """The whole study. ``changed``: the design differs from the registered one (development);
     ``sizes``: only the first ``sizes`` sizes, each trained as in the whole design (development);
+    ``measure_threads``: torch threads of the measurement (None: torch's default);
     ``runner``, ``tokenizer`` and ``extra_overrides`` (appended to every training run) are for
     tests. Raises :class:`Refused` before any work when refused."""
     root = root or ROOT
@@ -104,6 +106,10 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
         for s in design.sizes[:sizes]) + f"; seeds {' '.join(map(str, seeds))}", flush=True)
     train(models, parallel, runner)
     t1 = time.perf_counter()
+    if measure_threads is not None:
+        import torch  # late: only to set the measurement's threads
+
+        torch.set_num_threads(measure_threads)
     measured = measure_all(design, models, work, tokenizer)
     summary = study.summarise(measured, design.bootstrap_resamples, design.predicted_crossover_log10)
     summary.update(study="scaling", official=registration is not None, registration=registration,
