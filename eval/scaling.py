@@ -47,9 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "official seeds, runs/scaling_dev otherwise)")
     parser.add_argument("--out", default=None, help=f"output JSON (default {runner.OFFICIAL_OUT} for the official run, "
                         "<work>/scaling.json otherwise); .md/.png beside it")
-    parser.add_argument("--parallel", type=int, default=2, help="training runs side by side, one thread each")
-    parser.add_argument("--measure-threads", type=int, default=None,
-                        help="torch threads of the measurement (default: torch's; 1 on a crowded machine)")
+    parser.add_argument("--parallel", type=int, default=2, help="training runs and measurements side by side, one "
+                        "thread each")
     return parser
 
 
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         summary = runner.run(design, seeds, work, parallel=max(1, args.parallel), changed=changed, sizes=args.sizes,
-                             measure_threads=args.measure_threads)
+                             measure_threads=1 if args.parallel > 1 else None)
     except runner.Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -106,11 +106,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
         for s in design.sizes[:sizes]) + f"; seeds {' '.join(map(str, seeds))}", flush=True)
     train(models, parallel, runner)
     t1 = time.perf_counter()
-    if measure_threads is not None:
-        import torch  # late: only to set the measurement's threads
-
-        torch.set_num_threads(measure_threads)
-    measured = measure_all(design, models, work, tokenizer)
+    measured = measure_all(design, models, work, tokenizer, parallel, measure_threads)
     summary = study.summarise(measured, design.bootstrap_resamples, design.predicted_crossover_log10)
     summary.update(study="scaling", official=registration is not None, registration=registration,
                    code=registration_check.code_commit(root), seeds=list(seeds), design=design.to_dict(),
@@ -119,19 +115,40 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
     return summary
 
 
-def measure_all(design: Design, models: Sequence[Model], work: Path, tokenizer: str) -> list[dict]:
+def _measure_one(job: tuple) -> dict:
+    """One model measured in a worker process with ``threads`` torch threads (module level: picklable)."""
+    threads, name, run_dir, out_dir, design, docs, positions, excess, extra = job
+    if threads is not None:
+        import torch  # late: only to set the worker's threads
+
+        torch.set_num_threads(threads)
+    return measure(name, run_dir, out_dir, design, docs, positions, excess, extra)
+
+
+def measure_all(design: Design, models: Sequence[Model], work: Path, tokenizer: str, parallel: int = 1,
+                threads: int | None = None) -> list[dict]:
+    """Every model measured (or read back), ``parallel`` worker processes at a time (``threads``
+    torch threads each; one process and torch's default threads when ``parallel`` is 1)."""
     from rpt.data.tokenizer import load_tokenizer  # late: the tokenizer stack
 
     docs = validation_docs(load_tokenizer(tokenizer))
     positions, excess = fixed_positions(docs, design)
-    out = []
-    for i, m in enumerate(models):
-        print(f"[scaling] measuring {i + 1}/{len(models)}: {m.name}", flush=True)
-        out.append(measure(m.name, m.finetune.run_dir, work / "measured", design, docs, positions, excess,
-                           {"size": m.size.name, "seed": m.seed, "parameters": m.size.parameters(),
-                            "training_tokens": design.training_tokens(m.size), "batch": design.batch(m.size),
-                            "steps": list(design.steps(m.size))}))
-    return out
+    jobs = [(threads, m.name, m.finetune.run_dir, work / "measured", design, docs, positions, excess,
+             {"size": m.size.name, "seed": m.seed, "parameters": m.size.parameters(),
+              "training_tokens": design.training_tokens(m.size), "batch": design.batch(m.size),
+              "steps": list(design.steps(m.size))}) for m in models]
+    print(f"[scaling] measuring {len(jobs)} models, {parallel} at a time", flush=True)
+    if parallel <= 1:
+        return [_measure_one(j) for j in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: a fresh interpreter per worker (torch's thread pools do not survive a fork safely)
+    with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # Largest first (the longest measurements start first); results back in the models' order.
+        order = sorted(range(len(jobs)), key=lambda i: -models[i].size.parameters())
+        futures = {i: pool.submit(_measure_one, jobs[i]) for i in order}
+        return [futures[i].result() for i in range(len(jobs))]
 
 
 def _model_row(m: dict, design: Design) -> dict:
