@@ -94,6 +94,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
     official = is_official(design, seeds)
     dev = changed or sizes is not None or bool(extra_overrides) or tokenizer is not None or runner is not None
     registration = check_official(design, seeds, dev, root) if official else None
+    code = registration_check.code_commit(root)  # the code this run starts with (later commits do not count)
     t0 = time.perf_counter()
     tokenizer = tokenizer or prepare_corpus(design, work)
     models = plan(design, seeds, work, tokenizer, sizes)
@@ -109,7 +110,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
     measured = measure_all(design, models, work, tokenizer, parallel, measure_threads)
     summary = study.summarise(measured, design.bootstrap_resamples, design.predicted_crossover_log10)
     summary.update(study="scaling", official=registration is not None, registration=registration,
-                   code=registration_check.code_commit(root), seeds=list(seeds), design=design.to_dict(),
+                   code=code, seeds=list(seeds), design=design.to_dict(),
                    models=[_model_row(m, design) for m in measured],
                    seconds={"prepare_and_train": t1 - t0, "measure_and_summarise": time.perf_counter() - t1})
     return summary
