@@ -79,7 +79,8 @@ def summarise_quantity(name: str, params: np.ndarray, per_size: Sequence[fits.Me
              for j, (n, mu, m) in enumerate(zip(params, means, per_size))]
     linear = fits.crossover_summary(log_n, means, reps)
     out = {"form": forms()[name], "sizes": sizes, "log_linear": linear,
-           "leave_largest_out": fits.leave_largest_out(log_n, means, reps)}
+           # a line through the others needs at least two of them
+           "leave_largest_out": fits.leave_largest_out(log_n, means, reps) if len(params) >= 3 else None}
     if forms()[name] == POWER:
         power = fits.power_offset(params, means)
         out["power_offset"] = power
@@ -138,6 +139,8 @@ def predictions(q: dict, predicted_crossover: Sequence[float | None] = (None, No
                             "held": bool(excess["b_ci95"][1] < 0)}}
     for r in RULES:
         lo = q[f"eps_change_{r}"]["leave_largest_out"]
+        if lo is None:
+            continue
         out[f"largest_eps_change_{r}"] = {
             "what": f"eps_1 - eps_0 ({r}) at the largest size lies where the log-linear fit on the other sizes "
                     "predicts it (the 95% interval of observed minus predicted contains 0)", **lo}
