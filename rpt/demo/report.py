@@ -1,14 +1,17 @@
 """``report.json``: the demo's report built from the stage results (every number read from what a
 stage wrote), with the summaries it keeps of the controlled experiment, the theory test and the
-proper scores, and the committed agreement study's trade-off line (read from docs/agreement.json);
-``report.md`` is rendered from it (:mod:`rpt.demo.report_markdown`)."""
+proper scores, the committed agreement study's trade-off line (read from docs/agreement.json) and one
+line read from the committed scaling study (docs/scaling.json, how the demo's error analysis changes
+with model size); ``report.md`` is rendered from it (:mod:`rpt.demo.report_markdown`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
 
+from rpt.demo.processes import ROOT
 from rpt.demo.report_markdown import render_markdown
 from rpt.demo.stages import Stages
 from rpt.demo.study_lines import agreement_tradeoff
@@ -61,6 +64,15 @@ def theory_summary(tt: dict) -> dict:
             "design": "docs/theory_test_preregistration.md"}
 
 
+def scaling_study_line(path: Path = ROOT / "docs" / "scaling.json") -> str:
+    """The committed scaling study's one line (docs/scaling.md), or what to run for it."""
+    from rpt.studies.scaling_report import one_line  # late: torch, for one line
+
+    if not path.is_file():
+        return "not run yet: `python eval/scaling.py` writes docs/scaling.{json,md,png}"
+    return one_line(json.loads(path.read_text(encoding="utf-8")))
+
+
 def build_report(out: Path, stages: Stages, args) -> dict:
     r = stages.results
     rpt_eval, arf_eval = r["rpt"]["last_eval"], r["ar_f"]["last_eval"]
@@ -96,6 +108,7 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "controlled_experiment": controlled_summary(r["controlled"]),
         **({"controlled_followup": controlled_summary(r["controlled_followup"])} if "controlled_followup" in r else {}),
         **({"agreement_study": agreement} if agreement else {}),
+        "scaling_study": scaling_study_line(),
         "stage_seconds": stages.seconds,
         "total_seconds": sum(stages.seconds.values()),
         # The wall time of the invocation that wrote this report (cached stages cost ~0 here;

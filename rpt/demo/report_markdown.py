@@ -38,6 +38,8 @@ def render_markdown(rep: dict, out: Path) -> str:
         *([f"Intervals (from the error analysis): `{json.dumps(rep['error_analysis_intervals'])}`", ""]
           if rep.get("error_analysis_intervals") else []),
         "![error analysis](error_analysis.png)", "",
+        *([f"How this changes with model size ([docs/scaling.md](../../docs/scaling.md), pre-registered): "
+           f"{rep['scaling_study']}.", ""] if rep.get("scaling_study") else []),
         "## Degenerate repetition, greedy decoding (LZ paper Fig. 2)", "",
         "Repetition / frequency: the best rate over each sweep; all settings below.", "",
         markdown_table(["sampler", "degenerate rate"], [[k, f(v)] for k, v in rep["degenerate_rate"].items()]),
