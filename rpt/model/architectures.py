@@ -102,10 +102,10 @@ def embedding_refusal(lm: nn.Module) -> str | None:
     times :func:`~rpt.checkpoint.faithful.input_embedding_scale` (checked on a few rows)."""
     embedding = lm.get_input_embeddings()
     weight = getattr(embedding, "weight", None)
+    if weight is not None and not _materialised(weight):
+        return None  # before the shape check: a ZeRO-3 partition's local weight is flat (its shape is ds_shape)
     if weight is None or weight.dim() != 2:
         return f"{type(lm).__name__}'s input embedding ({type(embedding).__name__}) has no [vocab, hidden] weight"
-    if not _materialised(weight):
-        return None
     ids = torch.arange(min(4, weight.shape[0]), device=weight.device)[None]
     with torch.no_grad():
         looked_up = embedding(ids)
