@@ -14,8 +14,8 @@ import torch
 from rpt.model_call import queries
 from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure
 from rpt.sampling import SamplingConfig, generate
-from rpt.sampling.decode_buffers import release_decode_buffers
-from tests.test_decoder import prompts, rpt_model
+from tests.compile_helpers import lenient, model  # noqa: F401 (pytest fixtures)
+from tests.test_decoder import prompts
 
 
 class Broken:
@@ -27,20 +27,6 @@ class Broken:
     def __call__(self, gm, example_inputs):
         self.calls += 1
         raise RuntimeError("this backend cannot compile anything")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return rpt_model(2).float()
-
-
-@pytest.fixture
-def lenient(monkeypatch, model):
-    monkeypatch.setenv(STRICT_ENV, "0")
-    release_decode_buffers(model)
-    torch._dynamo.reset()
-    yield
-    release_decode_buffers(model)
 
 
 def decode_with_warnings(model, ids, mask, cfg, compile, streamer=None):

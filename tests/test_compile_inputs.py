@@ -12,11 +12,11 @@ import warnings
 import pytest
 import torch
 
-from rpt.model_call.compile_guard import STRICT_ENV
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from rpt.sampling.config import MAX_PROPOSALS_PER_TOKEN
 from rpt.sampling.decode_buffers import release_decode_buffers
-from tests.test_decoder import V, prompts, rpt_model
+from tests.compile_helpers import lenient, model  # noqa: F401 (pytest fixtures)
+from tests.test_decoder import V, prompts
 
 
 class Counting:
@@ -32,20 +32,6 @@ class Counting:
             self.fail -= 1
             raise RuntimeError("this backend failed this time")
         return gm.forward
-
-
-@pytest.fixture(scope="module")
-def model():
-    return rpt_model(2).float()
-
-
-@pytest.fixture
-def lenient(monkeypatch, model):
-    monkeypatch.setenv(STRICT_ENV, "0")
-    release_decode_buffers(model)
-    torch._dynamo.reset()
-    yield
-    release_decode_buffers(model)
 
 
 def decode(model, ids, mask, cfg, compile):
