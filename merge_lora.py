@@ -3,7 +3,7 @@
 
     python merge_lora.py runs/lora/final runs/lora/merged
 
-The output is what a full fine-tune writes (``rpt/checkpoint/faithful.py``: plain ``AutoModelForCausalLM``
+The output is what a full fine-tune writes (``rpt/checkpoint/folded_weights.py``: plain ``AutoModelForCausalLM``
 computes the RPT model's NTP logits; ``custom_generate/`` included), written atomically.
 """
 

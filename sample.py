@@ -27,10 +27,10 @@ import sys
 import time
 
 from rpt.append_log import NotAJSONObject, json_object_lines
-from rpt.sampling.chat import CHAT_HELP, add_chat_arg
-from rpt.sampling.cli import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.entry_defaults import SAMPLE, explain_defaults
+from rpt.sampling.flags import add_compile_arg, add_sampling_args, sampling_config_from_args
 from rpt.sampling.precision import DTYPE_CHOICES
+from rpt.sampling.text.chat import CHAT_HELP, add_chat_arg
 
 # torch, transformers and the decoders load in _main: `sample.py --help` stays under a second.
 
@@ -76,8 +76,8 @@ def read_prompts(path: str) -> list[dict]:
 
 def run_batches(model, tokenizer, records, prompt_ids, config, args, stream: bool, seeds: list[int] | None = None):
     from rpt.sampling import generate_reference
-    from rpt.sampling.streaming import TextStream
-    from rpt.sampling.texts import complete
+    from rpt.sampling.text.complete import complete
+    from rpt.sampling.text.token_stream import TextStream
 
     streamer = TextStream(tokenizer, config.stop, prompt_text=records[0]["fed"]) if stream else None
     done = complete(model, tokenizer, prompt_ids, config, batch_size=args.batch_size, streamer=streamer,
@@ -108,7 +108,7 @@ def _main(args: argparse.Namespace) -> int:
     from accelerate.utils import gather_object
 
     from rpt.devices import check_device
-    from rpt.sampling import chat, randomness
+    from rpt.sampling import randomness
     from rpt.sampling.loading import (
         check_checkpoint,
         encode,
@@ -117,6 +117,7 @@ def _main(args: argparse.Namespace) -> int:
         read_checkpoint_config,
     )
     from rpt.sampling.precision import resolve_dtype
+    from rpt.sampling.text import chat
 
     state = PartialState(cpu=not torch.accelerator.is_available())  # else CPU workers never form a group
     if args.batch_size < 1:

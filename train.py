@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
                          "output_dir; a dead trainer's lock is taken over by itself once stale)")
     args = ap.parse_args(argv)
     if args.break_lock:
-        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.training.run_lock reads it (every rank gets the same argv)
+        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.training.run_dir.lock reads it (every rank gets the same argv)
     if args.device:
         os.environ["ACCELERATE_TORCH_DEVICE"] = args.device  # the device accelerate's state takes
     from rpt.training.preflight import check_train_device, check_train_inputs
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rpt.data import DataError
     from rpt.training.loop import run
-    from rpt.training.run_lock import release_run_lock
+    from rpt.training.run_dir.lock import release_run_lock
 
     try:
         run(cfg)

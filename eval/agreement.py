@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.report import out_problem  # noqa: E402
-from rpt.studies import agreement_results as results  # noqa: E402
-from rpt.studies import agreement_run as runner  # noqa: E402
+from rpt.result_files import out_problem  # noqa: E402
+from rpt.studies.agreement import results  # noqa: E402
+from rpt.studies.agreement import run as runner  # noqa: E402
 from rpt.training.config import OneLineArgumentParser  # noqa: E402
 
 

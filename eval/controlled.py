@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.studies.controlled_run import DEFAULT_OUT, FINETUNE_CONFIG, SWEEP_QS, run_controlled  # noqa: E402
-from rpt.studies.controlled_source import Design  # noqa: E402
+from rpt.studies.controlled.run import DEFAULT_OUT, FINETUNE_CONFIG, SWEEP_QS, run_controlled  # noqa: E402
+from rpt.studies.controlled.source import Design  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

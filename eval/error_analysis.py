@@ -5,7 +5,7 @@
 
 At positions of the validation text with at least ``--min-context`` tokens of context (at most
 ``--context-len`` of them are fed), ``eps_k = 1 - p_k(x_i | x_<i)`` after k = 0..iters
-iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.studies.error_analysis`).
+iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.studies.error_analysis.analysis`).
 Text: ``--data F.jsonl`` (a ``text`` field per line), ``--text-file F`` (one document), or by
 default the validation split of the Python standard library. Each document is tokenised without
 special tokens and preceded by EOS, as in the training stream. ``--top-m M`` (default 16) is
@@ -26,10 +26,10 @@ import sys
 
 import torch
 
-from rpt.benchmarks.jsonl import EvalInputError
 from rpt.devices import check_device
-from rpt.report import out_problem
-from rpt.studies.error_analysis_run import run_error_analysis
+from rpt.evaluation.user_jsonl import EvalInputError
+from rpt.result_files import out_problem
+from rpt.studies.error_analysis.run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16

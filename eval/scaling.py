@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.report import out_problem  # noqa: E402
-from rpt.studies import scaling_run as runner  # noqa: E402
-from rpt.studies.scaling_design import CONFIG, Design  # noqa: E402
+from rpt.result_files import out_problem  # noqa: E402
+from rpt.studies.scaling import run as runner  # noqa: E402
+from rpt.studies.scaling.design import CONFIG, Design  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
-from rpt.studies import synthetic as syn
+from rpt.result_files import out_problem, save_figure, sibling, write_json, write_markdown
+from rpt.studies.sec3 import synthetic as syn
 
 DEFAULT_OUT = "runs/eval/synthetic.json"
 COLUMNS = ("name", "eps_n", "eps_p", "tv_ntp_mean", "tv_rpt_mean", "max_ntp_mean", "max_rpt_mean",

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 
-from rpt.benchmarks import table1
-from rpt.benchmarks.code_benchmarks import HumanEval, MBPPPlus
-from rpt.benchmarks.gsm8k import GSM8K
-from rpt.benchmarks.script import DTYPES, run
 from rpt.checkpoint.model_ref import resolve_model_ref
-from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
-from rpt.sampling.cli import add_compile_arg
+from rpt.evaluation import table1
+from rpt.evaluation.benchmark_script import DTYPES, run
+from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
+from rpt.evaluation.gsm8k import GSM8K
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.entry_defaults import TABLE1, explain_defaults
+from rpt.sampling.flags import add_compile_arg
 from rpt.sampling.loading import load_tokenizer, rpt_window_of
+from rpt.sampling.text.chat import CHAT_HELP, add_chat_arg, require_chat_template
 from rpt.sandbox import ISOLATION_MODES
 
 BENCHMARKS = {"humaneval_plus": HumanEval, "mbpp_plus": MBPPPlus, "gsm8k": GSM8K}

@@ -129,7 +129,7 @@ class NotAJSONObject(ValueError):
 
 def json_object(text: str) -> dict[str, Any]:
     """One line of JSON Lines as its object (:class:`NotAJSONObject` saying why not): the one parse of a
-    line of the run's logs (:func:`read_log`), of user JSONL (``rpt.benchmarks.jsonl``) and of
+    line of the run's logs (:func:`read_log`), of user JSONL (``rpt.evaluation.user_jsonl``) and of
     ``sample.py --prompts``."""
     try:
         value = json.loads(text)

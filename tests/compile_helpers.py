@@ -4,8 +4,8 @@ failures fall back instead of raising) with the decode's buffers and dynamo's ca
 import pytest
 import torch
 
-from rpt.model_call.compile_guard import STRICT_ENV
-from rpt.sampling.decode_buffers import release_decode_buffers
+from rpt.decode_forward.compile_guard import STRICT_ENV
+from rpt.sampling.decode.buffers import release_decode_buffers
 from tests.test_decoder import rpt_model
 
 

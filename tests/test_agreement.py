@@ -15,12 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpt.studies import agreement as ag
-from rpt.studies import agreement_decomposition as decomposition
-from rpt.studies import agreement_results as results
-from rpt.studies import agreement_run as runner
-from rpt.studies import agreement_study as study
-from rpt.studies import theory_prediction as tt
+from rpt.studies.agreement import decomposition, results, study
+from rpt.studies.agreement import run as runner
+from rpt.studies.agreement import source as ag
+from rpt.studies.controlled import theory_prediction as tt
 from tests.scripts import load_script
 
 
@@ -295,7 +293,7 @@ def test_this_repository_holds_the_registered_protocol():
 
 # ---- the short study, end to end ----------------------------------------------------------------------------
 def train_in_process(jobs) -> None:
-    from rpt.report import write_json
+    from rpt.result_files import write_json
     from tests.inprocess_train import train_main
 
     for job in jobs:
@@ -416,7 +414,7 @@ def test_seed_0_of_the_primary_arm_retrains_to_the_official_numbers(tmp_path):
     (the registered one), scores the official docs/agreement.json's TV0 / TV1 on both window types (tag-first
     0.0874 / 0.0688) to REPRODUCTION_TOLERANCE. Trained as the official run trained it: train.py in a process
     of its own with one thread. About 225 s of CPU (11-16 min wall on a loaded 2-core machine)."""
-    from rpt.studies.controlled_run import run_jobs
+    from rpt.studies.controlled.run import run_jobs
 
     official = json.loads((runner.ROOT / runner.OFFICIAL_OUT).read_text())
     (recorded,) = [e for e in official["models"] if e["arm"] == "rpt_q0.3" and e["seed"] == 0]

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from rpt.benchmarks import chat_prompts, gsm8k
-from rpt.sampling import chat
+from rpt.evaluation import chat_prompts, gsm8k
+from rpt.sampling.text import chat
 from tests.chat_helpers import add_chat_template, chat_tokenizer
 from tests.eval_helpers import gsm8k_folder, long_context_checkpoint
 from tests.scripts import load_script
@@ -103,7 +103,7 @@ def test_chat_without_a_template_is_one_line(ckpts, tmp_path, capsys):
 
 @pytest.mark.parametrize("plus", [False, True], ids=["humaneval", "humaneval+"])
 def test_code_benchmark_under_chat_scores_the_replys_program(ckpts, tmp_path, plus, monkeypatch):
-    from rpt.benchmarks import plus as plus_data
+    from rpt.evaluation import evalplus_scoring as plus_data
 
     if plus and not (plus_data.data_dir() / plus_data.FILES["humaneval"]).is_file():
         pytest.skip("EvalPlus data not found; set RPT_EVALPLUS_DIR")
@@ -123,7 +123,7 @@ def test_code_benchmark_under_chat_scores_the_replys_program(ckpts, tmp_path, pl
 
 
 def test_a_chat_reply_becomes_a_sanitized_program():
-    from rpt.benchmarks.code_benchmarks import HumanEval
+    from rpt.evaluation.code_benchmarks import HumanEval
 
     bench = HumanEval()
     args = argparse.Namespace(chat=True, limit=None)
@@ -278,7 +278,7 @@ def test_table1_checks_each_benchmarks_chat_turns_before_the_first_run(ckpts, tm
 
 def test_lm_eval_apply_chat_template_uses_the_same_rendering(ckpts, bad_ckpts):
     pytest.importorskip("lm_eval")
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
+    from rpt.evaluation.lm_eval_adapter import RPTLM
 
     lm = RPTLM(pretrained=ckpts["chat"])
     assert lm.chat_template(True) == lm.tokenizer.chat_template and lm.chat_template(False) is None

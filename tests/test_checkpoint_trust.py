@@ -18,7 +18,7 @@ from rpt.checkpoint.directories import (
     verify_manifest,
     write_manifest,
 )
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
 

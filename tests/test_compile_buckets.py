@@ -1,5 +1,5 @@
 """A long evaluation's compiled decodes compile a bounded set of graphs: the batch in buckets (the rows past
-the decode's are inert, ``rpt/sampling/decode_state.py``), the float sampling knobs read from a tensor
+the decode's are inert, ``rpt/sampling/decode/state.py``), the float sampling knobs read from a tensor
 (``SamplingConfig.traced``), so the graphs grow with the buckets met, not with the batch sizes and values.
 
 Truths: the eager decode and the uncached reference of the same rows (a row's tokens do not depend on
@@ -14,10 +14,11 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 
-from rpt.model_call.queries import batch_bucket
-from rpt.sampling import SamplingConfig, compiled_ntp, compiled_rpt, generate, generate_reference
-from rpt.sampling.contexts import GrowingContexts
-from rpt.sampling.proposal_layout import ProposalLayout
+from rpt.decode_forward.queries import batch_bucket
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode.contexts import GrowingContexts
+from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model

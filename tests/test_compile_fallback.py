@@ -1,4 +1,4 @@
-"""A compiled decode that cannot compile falls back to eager for that decode (``rpt/model_call/compile_guard.py``).
+"""A compiled decode that cannot compile falls back to eager for that decode (``rpt/decode_forward/compile_guard.py``).
 
 The failures are made on the CPU: a ``torch.compile`` backend that raises (what an inductor crash is to
 dynamo), and dynamo's recompile limit lowered so that a second batch shape passes it. Truth: the eager
@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-from rpt.model_call import queries
-from rpt.model_call.compile_guard import STRICT_ENV, CompileFailure
+from rpt.decode_forward import queries
+from rpt.decode_forward.compile_guard import STRICT_ENV, CompileFailure
 from rpt.sampling import SamplingConfig, generate
 from tests.compile_helpers import lenient, model  # noqa: F401 (pytest fixtures)
 from tests.test_decoder import prompts

@@ -5,10 +5,13 @@ reaches :func:`rpt.sampling.generate` as ``compile=True``. The decodes themselve
 import pytest
 import torch
 
-from rpt.benchmarks import generation, script, table1
-from rpt.benchmarks.code_benchmarks import HumanEval, MBPPPlus
-from rpt.benchmarks.gsm8k import GSM8K
-from rpt.sampling import SamplingConfig, texts
+from rpt.evaluation import batched_generation as generation
+from rpt.evaluation import benchmark_script as script
+from rpt.evaluation import table1
+from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
+from rpt.evaluation.gsm8k import GSM8K
+from rpt.sampling import SamplingConfig
+from rpt.sampling.text import complete as texts
 from tests.scripts import load_script
 from tests.test_decoder import rpt_model
 
@@ -71,8 +74,8 @@ def test_custom_generate_and_lm_eval_take_compile(monkeypatch, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rpt import hf_generate
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
-    from rpt.sampling import fast_decoder
+    from rpt.evaluation.lm_eval_adapter import RPTLM
+    from rpt.sampling.decode import generate as fast_decoder
     from tests.tiny_models import save_tiny_checkpoint
 
     ckpt = save_tiny_checkpoint(tmp_path / "ckpt")

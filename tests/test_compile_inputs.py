@@ -1,6 +1,6 @@
 """A compiled decode's bad inputs are input errors, a compile failure's fallback lasts only as long as its
-cause, and a user's dynamo settings do not break it (``rpt/model_call/compile_guard.py``,
-``rpt/sampling/decode_buffers.py``, ``rpt/sampling/prompts.py``, ``rpt/sampling/config.py``).
+cause, and a user's dynamo settings do not break it (``rpt/decode_forward/compile_guard.py``,
+``rpt/sampling/decode/buffers.py``, ``rpt/sampling/prompts.py``, ``rpt/sampling/config.py``).
 
 Truths: the eager decode of the same inputs; a compile backend that counts what dynamo asks of it (asked
 nothing: the input was refused before any compile); hand-written bounds.
@@ -14,7 +14,7 @@ import torch
 
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from rpt.sampling.config import MAX_PROPOSALS_PER_TOKEN
-from rpt.sampling.decode_buffers import release_decode_buffers
+from rpt.sampling.decode.buffers import release_decode_buffers
 from tests.compile_helpers import lenient, model  # noqa: F401 (pytest fixtures)
 from tests.test_decoder import V, prompts
 

@@ -1,4 +1,4 @@
-"""The compiled common RPT step (``rpt/sampling/compiled_rpt.py``): model call, NTP and PTP proposals with
+"""The compiled common RPT step (``rpt/sampling/decode/compiled_rpt.py``): model call, NTP and PTP proposals with
 their processors, and the event check in one fixed-shape ``torch.compile`` region.
 
 Truths: the eager decoder and the uncached reference (whole decodes: tokens, finish reasons, calls,
@@ -14,16 +14,11 @@ import pytest
 import torch
 
 from benchmarks.compile_widths import Messages
-from rpt.sampling import (
-    SamplingConfig,
-    compiled_ntp,
-    compiled_rpt,
-    generate,
-    generate_reference,
-    step_compile,
-)
-from rpt.sampling.contexts import GrowingContexts, RotatedContexts
-from rpt.sampling.proposal_layout import ProposalLayout
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import compile_mode as step_compile
+from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode.contexts import GrowingContexts, RotatedContexts
+from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model

@@ -13,10 +13,10 @@ from functorch.compile import make_boxed_func
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from rpt.model import RPTForCausalLM
-from rpt.training.build import build_optimizer
 from rpt.training.compiled_blocks import compile_blocks, transformer_blocks
 from rpt.training.config import TrainConfig
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
+from rpt.training.setup import build_optimizer
 from rpt.training.step import forward, make_batch
 from tests.tiny_models import tiny_gpt2, tiny_llama
 from tests.train_helpers import (
@@ -201,8 +201,8 @@ def test_deepspeed_zero2_trains_compiled(tmp_path):
 def test_zero3_with_compile_is_refused_before_any_work():
     from types import SimpleNamespace
 
-    from rpt.training.build import check_backend
     from rpt.training.config import ConfigError
+    from rpt.training.setup import check_backend
 
     def accelerator(stage):
         plugin = SimpleNamespace(zero_stage=stage) if stage else None

@@ -3,7 +3,7 @@
 import pytest
 
 from rpt.training.config import ConfigError, load_config
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.train_helpers import run_train, write_config
 
 

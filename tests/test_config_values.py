@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rpt.training.config import ConfigError, load_config
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config
 

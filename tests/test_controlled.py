@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from rpt.studies import controlled as ctl
-from rpt.studies import hmm as hmm_lib
-from rpt.studies import window_chain as wc
 from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
-from rpt.studies.controlled_source import Design, write_source
-from rpt.studies.model_conditionals import model_conditionals, model_conditionals_reference
-from rpt.studies.sec3_errors import sec3_errors, theory_curve
+from rpt.studies.controlled import experiment as ctl
+from rpt.studies.controlled import hmm as hmm_lib
+from rpt.studies.controlled import window_chain as wc
+from rpt.studies.controlled.model_conditionals import model_conditionals, model_conditionals_reference
+from rpt.studies.controlled.source import Design, write_source
+from rpt.studies.sec3.errors import sec3_errors, theory_curve
 from tests.scripts import load_script
 
 

@@ -1,5 +1,5 @@
 """``generate(compile=True)`` on a CUDA device: the batch-flat steps replayed from CUDA graphs (inductor's
-``mode="reduce-overhead"``, :mod:`rpt.sampling.step_compile`), several NTP and RPT steps per host read.
+``mode="reduce-overhead"``, :mod:`rpt.sampling.decode.compile_mode`), several NTP and RPT steps per host read.
 
 The GPU tests (``cuda`` marker, skipped without a device; ``make bench-gpu`` runs them, in strict mode:
 a compile failure raises, never falls back) compare the graph-replayed decodes with eager decodes on
@@ -12,7 +12,9 @@ where it should be. Their CPU twins (``aot_eager``, several steps per read given
 import pytest
 import torch
 
-from rpt.sampling import SamplingConfig, generate, generate_reference, ntp_path, step_compile
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import compile_mode as step_compile
+from rpt.sampling.decode import ntp_path
 from tests.test_decoder import prompts, rpt_model
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

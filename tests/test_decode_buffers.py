@@ -1,4 +1,4 @@
-"""The pool of compiled decodes' buffers (``rpt/sampling/decode_buffers.py``): one entry lent per bucket,
+"""The pool of compiled decodes' buffers (``rpt/sampling/decode/buffers.py``): one entry lent per bucket,
 the least recently used dropped beyond two, a lent entry never shared, everything freed with the model."""
 
 import gc
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rpt.sampling import SamplingConfig, generate
-from rpt.sampling.decode_buffers import (
+from rpt.sampling.decode.buffers import (
     POOLED_PER_MODEL,
     DecodeBuffers,
     borrow,
@@ -78,7 +78,7 @@ def test_a_short_prompt_allocates_the_cache_eagerly_and_static(monkeypatch, fuse
     the prefill's graph); after that, nothing is traced."""
     from torch._dynamo.utils import counters
 
-    from rpt.model_call import decode_model
+    from rpt.decode_forward import llama_forward as decode_model
 
     if not fused:
         monkeypatch.setattr(decode_model, "ARCHITECTURES", {})

@@ -24,15 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
-from rpt.sampling import (
-    SamplingConfig,
-    compiled_ntp,
-    compiled_rpt,
-    generate,
-    generate_reference,
-    step_compile,
-)
-from rpt.sampling.decode_buffers import pooled, release_decode_buffers
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import compile_mode as step_compile
+from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode.buffers import pooled, release_decode_buffers
 from tests.test_decoder import V
 
 WIDTH = 40  # prompts 40 wide: 32 and 64 new tokens share the 128-column capacity bucket
@@ -246,7 +241,7 @@ def test_every_tensor_the_compiled_step_reads_keeps_its_storage(models, monkeypa
 def test_the_storage_test_sees_a_reallocated_input(models, monkeypatch):
     """The address record fails when a step input is reallocated: the KV cache reallocated between two
     decodes (the pool switched off: each decode builds its own buffers) gives two address sets."""
-    from rpt.sampling import decoder
+    from rpt.sampling.decode import driver as decoder
 
     torch._dynamo.reset()
     backend = Addresses()

@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from rpt.model_call import decode_model
-from rpt.sampling import SamplingConfig, generate, generate_reference, step_compile
+from rpt.decode_forward import llama_forward as decode_model
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import compile_mode as step_compile
 from tests.test_compiled_ntp import random_config
 from tests.test_decoder import V, prompts, rpt_model
 

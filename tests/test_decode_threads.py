@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
-from rpt.model_call import decode_model
-from rpt.model_call.compile_guard import dynamo_patch
-from rpt.model_call.decode_model import DecodeModel, release_fused_weights
-from rpt.model_call.queries import _configs, attention_implementation, implementation_of
+from rpt.decode_forward import llama_forward as decode_model
+from rpt.decode_forward.compile_guard import dynamo_patch
+from rpt.decode_forward.llama_forward import DecodeModel, release_fused_weights
+from rpt.decode_forward.queries import _configs, attention_implementation, implementation_of
 from rpt.sampling import SamplingConfig, generate
-from rpt.sampling.decode_buffers import (
+from rpt.sampling.decode.buffers import (
     DecodeBuffers,
     borrow,
     give_back,

@@ -1,4 +1,4 @@
-"""The fast RPT decoder (``rpt.sampling.fast_decoder.generate``) against the cache-free oracle and HF.
+"""The fast RPT decoder (``rpt.sampling.decode.generate.generate``) against the cache-free oracle and HF.
 
 Both decoders drive one statement of the algorithm (:mod:`rpt.sampling.algorithm`) and key every
 random draw by position, so under sampling too they must emit the same tokens; the statement itself
@@ -17,7 +17,7 @@ import torch
 
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 from rpt.sampling.proposals import Proposer
 from rpt.sampling.randomness import NTP, row_seed, uniforms
 from rpt.sampling.reference import generate_reference
@@ -426,10 +426,10 @@ def test_attention_implementations_give_sdpas_tokens(attn):
 def test_mask_free_calls_keep_the_models_own_attention(monkeypatch):
     """A flash-like implementation (registered here: flash kernels need a GPU) runs the mask-free NTP
     calls itself; only the calls with a custom mask switch to sdpa. The tokens are sdpa's. (A model the
-    fused decode call does not take: it attends by itself, rpt/model_call/decode_model.py.)"""
+    fused decode call does not take: it attends by itself, rpt/decode_forward/llama_forward.py.)"""
     from transformers import AttentionInterface
 
-    from rpt.model_call import decode_model
+    from rpt.decode_forward import llama_forward as decode_model
 
     monkeypatch.setattr(decode_model, "ARCHITECTURES", {})
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from rpt.model import RPTForCausalLM
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
 
 pytest.importorskip("deepspeed")

@@ -16,9 +16,9 @@ from tests.scripts import ROOT, load_script
 
 
 def parsers() -> dict:
-    from rpt.benchmarks.code_benchmarks import HumanEval, MBPPPlus
-    from rpt.benchmarks.gsm8k import GSM8K
-    from rpt.benchmarks.script import build_parser
+    from rpt.evaluation.benchmark_script import build_parser
+    from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
+    from rpt.evaluation.gsm8k import GSM8K
 
     return {ed.SAMPLE: load_script("sample.py").build_parser(), ed.HUMANEVAL: build_parser(HumanEval()),
             ed.MBPP: build_parser(MBPPPlus()), ed.GSM8K: build_parser(GSM8K()),
@@ -88,7 +88,7 @@ def test_dtype_auto_is_accepted_everywhere(entry_parsers):
 
 def test_gsm8k_data_defaults_to_the_local_copy_in_both_scripts(tmp_path, monkeypatch):
     """eval/gsm8k.py and eval/table1.py read the same place without a data flag: the local copy, else the hub."""
-    from rpt.benchmarks import gsm8k
+    from rpt.evaluation import gsm8k
     from tests.eval_helpers import gsm8k_folder
 
     folder = gsm8k_folder(tmp_path / "local", n_train=2, n_test=3)
@@ -97,7 +97,7 @@ def test_gsm8k_data_defaults_to_the_local_copy_in_both_scripts(tmp_path, monkeyp
     assert gsm8k.data_source(None, "train") == str(folder / "train.jsonl")
     assert gsm8k.data_source("hub") is None and gsm8k.data_source("x.jsonl") == "x.jsonl"
     args = load_script("eval/table1.py").build_parser().parse_args(["--checkpoint", "c"])
-    from rpt.benchmarks import table1
+    from rpt.evaluation import table1
 
     assert "--data" not in table1.argv_for(table1.Run("gsm8k", 2, (0,)), args)  # the script's own default
     monkeypatch.setenv("RPT_GSM8K_DIR", str(tmp_path / "nothing"))

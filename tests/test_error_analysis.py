@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rpt.model import RPTForCausalLM
-from rpt.studies import error_analysis as ea
+from rpt.studies.error_analysis import analysis as ea
 from tests.scripts import load_script
 from tests.tiny_models import tiny_llama
 

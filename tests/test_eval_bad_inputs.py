@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rpt.benchmarks import plus
+from rpt.evaluation import evalplus_scoring as plus
 from rpt.sandbox.child import Child
 from tests.scripts import load_script
 
@@ -91,7 +91,7 @@ def test_out_naming_a_folder_stops_before_the_run(script, extra, task, tmp_path,
 def test_limit_means_the_benchmarks_first_tasks_whatever_the_file_holds(script, extra, tmp_path, capsys):
     """A file that leaves out a task inside --limit is an error (with and without --plus), not a note."""
     """Before: --limit 1 scored the file's first task id (HumanEval/5), not the benchmark's first."""
-    from rpt.benchmarks import humaneval as he
+    from rpt.evaluation import humaneval as he
 
     problems = he.load_problems()
     rows = [{"task_id": t, "completion": problems[t]["canonical_solution"]}
@@ -169,7 +169,7 @@ def test_auto_without_os_isolation_stops_with_one_line(tmp_path, capsys, monkeyp
 
 @pytest.mark.parametrize("answer, field", [(["#### 4"], "answer"), ({"a": 1}, "answer"), (None, "answer")])
 def test_gsm8k_data_with_a_non_string_answer_is_one_line(answer, field, tmp_path, capsys):
-    from rpt.benchmarks import gsm8k
+    from rpt.evaluation import gsm8k
 
     data = write_lines(tmp_path / "test.jsonl", [{"question": "1 + 3?", "answer": "4\n#### 4"},
                                                  {"question": "2 + 2?", "answer": answer}])
@@ -190,7 +190,7 @@ OVERFLOW = ("    import gc, os, time\n"
 @pytest.mark.parametrize("script, extra, task", SCRIPTS[:2])
 def test_a_hostile_value_fails_its_item_and_the_report_is_written(script, extra, task, tmp_path):
     """Before: this payload raised OverflowError in the parent, exit 1, no report, nothing stored."""
-    from rpt.benchmarks import humaneval as he
+    from rpt.evaluation import humaneval as he
 
     canonical = he.load_problems()[task]["canonical_solution"]
     path = write_lines(tmp_path / "c.jsonl", [{"task_id": task, "completion": OVERFLOW},

@@ -19,8 +19,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-import rpt.benchmarks.humaneval as he
-from rpt.benchmarks import gsm8k, sweep
+import rpt.evaluation.humaneval as he
+from rpt.evaluation import gsm8k, sweep
 from rpt.model import RPTForCausalLM
 from tests.scripts import ROOT, load_script
 
@@ -286,7 +286,7 @@ def test_stored_generations_follow_the_hub_snapshot_the_cache_holds(scripts, ckp
     model = RPTForCausalLM.from_pretrained(str(repo / "snapshots" / ("a" * 40)))
     key = sweep.weights_fingerprint("org/tiny-rpt", model)
     assert sweep.weights_fingerprint("org/tiny-rpt", model) == key  # the same snapshot: the same key, resumed
-    from rpt.studies.error_analysis_run import checkpoint_fingerprint
+    from rpt.studies.error_analysis.run import checkpoint_fingerprint
 
     first = checkpoint_fingerprint("org/tiny-rpt")  # the error analysis's resume key follows the snapshot too
     assert first == checkpoint_fingerprint("org/tiny-rpt") and "a" * 40 in first[0]
@@ -305,8 +305,8 @@ def test_compiled_eager_and_fallback_completions_are_recorded_and_kept_apart(scr
     own; completions a compile failure made eagerly are counted in the report and said in one line. (The
     scripts' ``--compile`` is inductor: here the decode's backend is swapped for dynamo's ``eager``, or
     for one that raises.)"""
-    from rpt.model_call.compile_guard import STRICT_ENV
-    from rpt.sampling import texts
+    from rpt.decode_forward.compile_guard import STRICT_ENV
+    from rpt.sampling.text import complete as texts
     from tests.test_compile_fallback import Broken
 
     backend, real = {"compile": "eager"}, texts.generate

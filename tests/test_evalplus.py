@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from rpt.benchmarks import plus
+from rpt.evaluation import evalplus_scoring as plus
 from rpt.sandbox import Limits, _wire, bwrap_problem
 from tests.scripts import ROOT, load_script
 

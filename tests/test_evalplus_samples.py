@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rpt.benchmarks import plus, samples
+from rpt.evaluation import evalplus_scoring as plus
+from rpt.evaluation import samples_jsonl as samples
 from tests.scripts import ROOT, load_script
 
 pytestmark = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["mbpp"]).is_file(),

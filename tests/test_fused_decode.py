@@ -1,7 +1,7 @@
-"""The decode's fused model call (``rpt/model_call/decode_model.py``, ``rpt/model_call/fused_weights.py``).
+"""The decode's fused model call (``rpt/decode_forward/llama_forward.py``, ``rpt/decode_forward/fused_weights.py``).
 
 Truths: Hugging Face's own forward over every column at once, with an explicit 4D mask written here
-element by element from eq. 4's rule (not from ``rpt.model_call.visibility``), for the logits; the uncached
+element by element from eq. 4's rule (not from ``rpt.decode_forward.visibility``), for the logits; the uncached
 reference decoder for tokens; an unfused twin of the model for training after a decode. The graph checks
 record the compiled step's FX graph with a backend that only records (dynamo's trace, no inductor).
 """
@@ -22,10 +22,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from rpt.decode_forward import llama_forward as decode_model
+from rpt.decode_forward.llama_forward import DecodeModel, release_fused_weights, unsupported
+from rpt.decode_forward.queries import ModelQueries, Visibility
 from rpt.model import RPTForCausalLM
-from rpt.model_call import decode_model
-from rpt.model_call.decode_model import DecodeModel, release_fused_weights, unsupported
-from rpt.model_call.queries import ModelQueries, Visibility
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from tests.tiny_models import tiny_gpt2
 

@@ -1,5 +1,5 @@
 """The decode's stacked weight copies follow every way a user changes a model, and never touch the user's
-tensors (``rpt/model_call/fused_weights.py``, ``rpt/model_call/decode_model.py``).
+tensors (``rpt/decode_forward/fused_weights.py``, ``rpt/decode_forward/llama_forward.py``).
 
 Truth: a freshly built model (another object, built from scratch) given the changed model's weights and
 attributes, decoded; and Hugging Face's own forward (``generate_reference``) where a hook must run. Each
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rpt.model_call.queries import ModelQueries, Visibility
+from rpt.decode_forward.queries import ModelQueries, Visibility
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from tests.test_fused_decode import CHAIN_LIMIT, PADS, N, V, block, hf_truth, tiny
 

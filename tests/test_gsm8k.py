@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rpt.benchmarks import gsm8k
+from rpt.evaluation import gsm8k
 from tests.scripts import ROOT, load_script
 
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rpt.benchmarks import humaneval as he
-from rpt.report import ResultStore
+from rpt.evaluation import humaneval as he
+from rpt.result_files import ResultStore
 from tests.scripts import load_script
 
 

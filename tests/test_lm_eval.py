@@ -60,8 +60,8 @@ class _Request:
 
 
 def test_adapter_generation_and_loglikelihood(ckpt):
-    from rpt.benchmarks.generation import generate_texts, load_checkpoint
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
+    from rpt.evaluation.batched_generation import generate_texts, load_checkpoint
+    from rpt.evaluation.lm_eval_adapter import RPTLM
     from rpt.sampling import SamplingConfig
 
     lm = RPTLM(pretrained=ckpt, rpt_iters=1, rpt_window="2", confidence=0.5, ptp_greedy="true", max_new_tokens=6,
@@ -93,7 +93,7 @@ def test_adapter_generation_and_loglikelihood(ckpt):
 
 
 def test_unknown_model_arg_is_one_clear_error(ckpt):
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
+    from rpt.evaluation.lm_eval_adapter import RPTLM
 
     with pytest.raises(ValueError, match="rpt_iterations are not SamplingConfig fields"):
         RPTLM(pretrained=ckpt, rpt_iterations=1)
@@ -106,7 +106,7 @@ def test_local_task_yaml_points_at_the_shared_data():
 
 
 def test_long_prompts_are_cut_from_the_left_to_fit(ckpt):
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
+    from rpt.evaluation.lm_eval_adapter import RPTLM
 
     lm = RPTLM(pretrained=ckpt, max_length=64)
     prompt = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(40)) + "def add(a, b):"
@@ -139,7 +139,7 @@ def test_package_registers_the_model_through_the_lm_eval_entry_point():
     ({"confidence": 2.0}, "confidence"),
 ])
 def test_bad_model_args_are_named_before_loading(tmp_path, args, key):
-    from rpt.benchmarks.lm_eval_adapter import RPTLM
+    from rpt.evaluation.lm_eval_adapter import RPTLM
 
     # a checkpoint that does not exist: each bad argument is reported before anything is loaded
     with pytest.raises(ValueError, match=key):

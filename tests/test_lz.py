@@ -7,9 +7,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LogitsProcessorList
 
-import rpt.sampling.lz_incremental as lz_incremental
+import rpt.sampling.lz.incremental as lz_incremental
 from rpt.sampling import LZPenaltyLogitsProcessor, lz_penalty
-from rpt.sampling.lz_processor import ClosestLongestLZLogitsProcessor
+from rpt.sampling.lz.processor import ClosestLongestLZLogitsProcessor
 from tests.tiny_models import tiny_llama
 
 

@@ -8,7 +8,7 @@ import torch
 
 from rpt.integrations.lz_rows import LZRows
 from rpt.integrations.lz_settings import LZSettings
-from rpt.sampling.lz_processor import LZPenaltyLogitsProcessor
+from rpt.sampling.lz.processor import LZPenaltyLogitsProcessor
 
 V = 40
 

@@ -10,7 +10,7 @@ import torch
 
 from rpt.integrations.lz_settings import LZSettings
 from rpt.integrations.lz_slots import LZSlots
-from rpt.sampling.lz_processor import LZPenaltyLogitsProcessor
+from rpt.sampling.lz.processor import LZPenaltyLogitsProcessor
 
 V = 50
 REQUESTS = [  # (settings, prompt length, committed tokens, drafts fed this step)

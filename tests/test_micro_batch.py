@@ -12,7 +12,7 @@ from rpt.model import RPTForCausalLM
 from rpt.model.objective import make_rpt_batch
 from rpt.training.config import ConfigError, TrainConfig, load_config
 from rpt.training.deepspeed_settings import check_deepspeed_batch
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from rpt.training.micro_batch import (
     MAX_MICRO_BATCH,
     Split,

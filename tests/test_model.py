@@ -110,7 +110,7 @@ def test_save_and_load_round_trip(tmp_path, arch):
         loaded = RPTForCausalLM.from_pretrained(tmp_path)
         after = loaded(b.input_ids, **kw).logits
         assert loaded.window == 3
-        # the NTP row is folded into the saved embedding (rpt.checkpoint.faithful): one float32 rounding
+        # the NTP row is folded into the saved embedding (rpt.checkpoint.folded_weights): one float32 rounding
         assert (before - after).abs().max() < 1e-5
         # smaller sampling windows are fine, larger ones are not
         assert RPTForCausalLM.from_pretrained(tmp_path, window=2).window == 3

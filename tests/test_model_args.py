@@ -3,7 +3,7 @@ error naming the key (rpt_iters=1.7 is not 1, ptp_greedy=ture is not False, batc
 
 import pytest
 
-from rpt.benchmarks.model_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
+from rpt.evaluation.lm_eval_args import ModelArgsError, batch_size_of, dtype_of, max_length_of, sampling_knobs
 
 
 @pytest.mark.parametrize("args, key", [

@@ -24,9 +24,9 @@ from rpt.model import RPTForCausalLM
 from rpt.model.architectures import TESTED_FAMILIES, UnsupportedArchitecture
 from rpt.model.objective import make_rpt_batch, ntp_batch
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 from rpt.sampling.reference import generate_reference
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.arch_zoo import ALIBI, VOCAB, ZOO, tiny_model
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import write_config

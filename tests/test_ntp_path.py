@@ -1,4 +1,4 @@
-"""The batch-flat NTP path (``rpt/sampling/ntp_path.py``) against the uncached reference and against
+"""The batch-flat NTP path (``rpt/sampling/decode/ntp_path.py``) against the uncached reference and against
 the per-row driver it replaces for ``rpt_iters == 0``: the same tokens, finish reasons and calls
 over random configurations (sampling, truncation, every penalty, EOS, ragged rows, budgets)."""
 
@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from rpt.sampling import SamplingConfig, generate, generate_reference, ntp_path
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import ntp_path
 from tests.test_decoder import V, prompts, rpt_model
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rpt.studies import agreement as ag
-from rpt.studies import agreement_run as runner
-from rpt.studies import controlled_run, owned_dirs
+from rpt.studies import owned_dirs
+from rpt.studies.agreement import run as runner
+from rpt.studies.agreement import source as ag
+from rpt.studies.controlled import run as controlled_run
 from tests.scripts import load_script
 
 
@@ -94,7 +95,7 @@ def test_controlled_study_and_sweep_refuse_a_foreign_source(tmp_path, capsys):
 
 
 def test_demo_refuses_a_foreign_output_directory(tmp_path, capsys):
-    from rpt.demo import cli
+    from rpt.demo import protocol as cli
 
     (tmp_path / "mine.txt").write_text("x")
     assert cli.main(["--out", str(tmp_path)]) == 2
@@ -135,7 +136,7 @@ def test_agreement_out_naming_a_folder_refused_before_any_work(tmp_path, capsys)
 
 @pytest.mark.parametrize("flag", ["--pretrain-steps", "--finetune-steps", "--theory-steps", "--humaneval-limit"])
 def test_demo_refuses_step_counts_below_one_before_any_work(tmp_path, capsys, flag):
-    from rpt.demo import cli
+    from rpt.demo import protocol as cli
 
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path / "demo"), flag, "0"])

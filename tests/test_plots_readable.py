@@ -10,8 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from rpt.studies.error_analysis import plot_histogram  # noqa: E402
-from rpt.training.plotting import loss_curves_figure  # noqa: E402
+from rpt.studies.error_analysis.analysis import plot_histogram  # noqa: E402
+from rpt.training.measure.plotting import loss_curves_figure  # noqa: E402
 
 
 def overlapping_tick_labels(fig) -> list[tuple[str, str]]:

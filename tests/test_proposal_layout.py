@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rpt.sampling import SamplingConfig
-from rpt.sampling.contexts import GrowingContexts
-from rpt.sampling.proposal_layout import ProposalLayout
+from rpt.sampling.decode.contexts import GrowingContexts
+from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
 
 V = 50

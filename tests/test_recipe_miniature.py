@@ -9,7 +9,7 @@ import pytest
 
 from rpt.data import stdlib_texts
 from rpt.model import RPTForCausalLM
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config, write_jsonl, zero_launch_config
 
 

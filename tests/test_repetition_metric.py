@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from rpt.studies.repetition import Repetition, degenerate_rate, find_repetition, is_degenerate
+from rpt.studies.repetition.metric import Repetition, degenerate_rate, find_repetition, is_degenerate
 
 
 def random_text(rng: random.Random, plant: bool) -> str:

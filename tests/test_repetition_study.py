@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rpt.model import RPTForCausalLM
-from rpt.studies import repetition_study as study
+from rpt.studies.repetition import study
 from tests.scripts import load_script
 from tests.tiny_models import save_tiny_checkpoint
 

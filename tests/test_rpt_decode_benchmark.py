@@ -7,7 +7,7 @@ import sys
 import torch
 
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 from tests.scripts import ROOT, load_script
 
 SCRIPT = ROOT / "benchmarks" / "rpt_decode.py"

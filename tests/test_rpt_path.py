@@ -1,4 +1,4 @@
-"""The batch-flat greedy RPT step (``rpt/sampling/rpt_path.py``) against the uncached reference and the
+"""The batch-flat greedy RPT step (``rpt/sampling/decode/rpt_path.py``) against the uncached reference and the
 per-row driver it hands events to: the same tokens, finish reasons, corrections and model calls over
 random greedy configurations (k, w, confidence from "never" to "always" correcting, penalties, LZ,
 EOS, ragged rows, budgets), a batched row equal to the row alone, and per-row Python only at events."""
@@ -8,8 +8,9 @@ import random
 import pytest
 import torch
 
-from rpt.sampling import SamplingConfig, generate, generate_reference, rpt_path
-from rpt.sampling.decoder import Decoder
+from rpt.sampling import SamplingConfig, generate, generate_reference
+from rpt.sampling.decode import rpt_path
+from rpt.sampling.decode.driver import Decoder
 from tests.test_decoder import prompts, rpt_model
 
 

@@ -1,4 +1,4 @@
-"""One trainer per output_dir (rpt/training/run_lock.py): a live holder stops a second trainer, whichever of two
+"""One trainer per output_dir (rpt/training/run_dir/lock.py): a live holder stops a second trainer, whichever of two
 simultaneous starters wins; a dead holder's lock (its process gone on this host, or no heartbeat
 for STALE_S on another) is taken over with a note; --break-lock takes any lock."""
 
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from rpt.training import run_lock
 from rpt.training.config import ConfigError
-from rpt.training.run_lock import LOCK_NAME, STALE_S, release_run_lock, take_run_lock
+from rpt.training.run_dir import lock as run_lock
+from rpt.training.run_dir.lock import LOCK_NAME, STALE_S, release_run_lock, take_run_lock
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import ROOT, env, write_config
 
@@ -87,7 +87,7 @@ def test_an_unreadable_lock_is_being_written_until_it_is_old(tmp_path):
 STARTER = """
 import sys, time
 from rpt.training.config import ConfigError
-from rpt.training.run_lock import take_run_lock
+from rpt.training.run_dir.lock import take_run_lock
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
 try:
     take_run_lock(sys.argv[1])

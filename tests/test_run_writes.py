@@ -11,10 +11,10 @@ import os
 import pytest
 
 from rpt.checkpoint.directories import verify_manifest
-from rpt.training import run_lock
 from rpt.training.config import ConfigError
-from rpt.training.metrics import read_metrics
-from rpt.training.run_lock import LOCK_NAME
+from rpt.training.measure.metrics import read_metrics
+from rpt.training.run_dir import lock as run_lock
+from rpt.training.run_dir.lock import LOCK_NAME
 from rpt.training.saving import write_failure, written_whole
 from tests.inprocess_train import one_error_line, train_main
 from tests.train_helpers import write_config as _write_config

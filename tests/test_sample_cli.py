@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 import sample
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 from rpt.sampling.randomness import row_seed
 from tests.tiny_models import tiny_llama
 
@@ -204,8 +204,8 @@ def test_subprocess_smoke(ckpt, tmp_path):
 def test_token_healing_with_rpt(ckpt, capsys, tmp_path):
     """Healed prompts: both decoders agree, the first tokens re-spell the removed bytes, RPT never
     rewrites them (they are frozen), and the completion continues the prompt text."""
-    from rpt.sampling.healing import TokenVocabulary
     from rpt.sampling.reference import generate_reference
+    from rpt.sampling.text.healing import TokenVocabulary
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt["rpt"])
     model = RPTForCausalLM.from_pretrained(ckpt["rpt"]).eval()
@@ -241,7 +241,7 @@ def test_token_healing_with_rpt(ckpt, capsys, tmp_path):
 def test_texts_do_not_depend_on_batch_size_and_repeats_differ(ckpt, capsys, tmp_path):
     """Prompt i's draws are keyed by row_seed(seed, i): its sampled text is the same at any batch size, the
     reference sampler agrees, and repeated prompts (n samples of one task) differ."""
-    from rpt.benchmarks.generation import generate_texts
+    from rpt.evaluation.batched_generation import generate_texts
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(ckpt["rpt"])
     model = RPTForCausalLM.from_pretrained(ckpt["rpt"]).eval()

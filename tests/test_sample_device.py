@@ -72,7 +72,7 @@ def test_the_three_json_lines_readers_keep_their_words(tmp_path, line, prompts, 
     (``rpt.append_log.json_object_lines`` / ``json_object``); each says what it said before, with the file
     and line named."""
     from rpt.append_log import json_object
-    from rpt.benchmarks.jsonl import EvalInputError, read_jsonl
+    from rpt.evaluation.user_jsonl import EvalInputError, read_jsonl
 
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'{"prompt": "a"}\n' + line + b"\n\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rpt.benchmarks import humaneval as he
+from rpt.evaluation import humaneval as he
 from rpt.sandbox import (
     IsolationUnavailable,
     Limits,

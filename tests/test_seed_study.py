@@ -1,4 +1,4 @@
-"""Intervals over training seeds and validation batches (rpt.studies.seeds), checked by hand and by
+"""Intervals over training seeds and validation batches (rpt.studies.seed_study), checked by hand and by
 exact enumeration of the bootstrap's resamples."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rpt import demo
-from rpt.studies import seeds as sd
+from rpt.studies import seed_study as sd
 
 
 def write_run(path: Path, sums, counts, batches=None) -> Path:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rpt.studies import synthetic as syn
+from rpt.studies.sec3 import synthetic as syn
 from tests.scripts import load_script
 
 FIELDS = {"name", "eps_n", "eps_p", "tv_ntp_mean", "tv_rpt_mean", "max_ntp_mean", "max_rpt_mean", "frac_rpt_better"}

@@ -11,7 +11,8 @@ from statistics import NormalDist
 
 import pytest
 
-from rpt.benchmarks import intervals, plus, table1
+from rpt.evaluation import evalplus_scoring as plus
+from rpt.evaluation import intervals, table1
 from tests.eval_helpers import gsm8k_folder, long_context_checkpoint
 from tests.scripts import load_script
 

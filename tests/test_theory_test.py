@@ -8,12 +8,12 @@ import itertools
 import numpy as np
 import pytest
 
-from rpt.studies import controlled as ctl
-from rpt.studies import hmm as hmm_lib
-from rpt.studies import theory_prediction as tt
-from rpt.studies import window_chain as wc
-from rpt.studies.controlled_source import Design, SourceFiles
-from rpt.studies.sec3_errors import sec3_errors
+from rpt.studies.controlled import experiment as ctl
+from rpt.studies.controlled import hmm as hmm_lib
+from rpt.studies.controlled import theory_prediction as tt
+from rpt.studies.controlled import window_chain as wc
+from rpt.studies.controlled.source import Design, SourceFiles
+from rpt.studies.sec3.errors import sec3_errors
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_summary_signs_spearman_and_practical(truth):
 
 
 def test_sweep_jobs_one_run_per_arm_and_seed(tmp_path):
-    from rpt.studies import controlled_run as script
+    from rpt.studies.controlled import run as script
 
     files = SourceFiles(str(tmp_path / "source"))
     jobs = script.sweep_jobs(tmp_path, files, [0.1, 1.0], [0, 1], 50, ntp_arm=True)

@@ -11,7 +11,7 @@ import yaml
 
 from rpt.model import RPTForCausalLM
 from rpt.training.config import ConfigError, load_config
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.inprocess_train import one_error_line
 from tests.train_helpers import MICRO, ROOT, env, run_train, train_cmd, write_config
 
@@ -21,7 +21,7 @@ def losses(run_dir):
 
 
 def test_train_end_to_end_writes_everything(tmp_path):
-    # tied embeddings, as the demo's configs: final/ must untie them to be faithful (rpt.checkpoint.faithful)
+    # tied embeddings, as the demo's configs: final/ must untie them to be faithful (rpt.checkpoint.folded_weights)
     cfg = write_config(tmp_path, plot=True, model={**MICRO["model"], "tie_word_embeddings": True})
     res = run_train(cfg)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -181,7 +181,7 @@ def test_bad_config_stops_with_one_clear_line(tmp_path):
 
 
 def test_every_rank_runs_the_same_number_of_eval_forwards():
-    from rpt.training.evaluation import eval_assignment
+    from rpt.training.validation import eval_assignment
 
     for n_batches in (0, 1, 2, 3, 5, 16):
         for world in (1, 2, 3, 8):
@@ -192,7 +192,7 @@ def test_every_rank_runs_the_same_number_of_eval_forwards():
 
 
 def test_flops_per_token_and_device_peaks(monkeypatch):
-    from rpt.training.metrics import device_peak_flops, flops_per_token
+    from rpt.training.measure.metrics import device_peak_flops, flops_per_token
     from tests.tiny_models import tiny_llama
 
     model = RPTForCausalLM.from_base(tiny_llama(vocab_size=97), window=3)
@@ -239,7 +239,7 @@ def test_flops_per_token_of_a_qwen3_shape_counts_heads_times_head_dim():
     151936-token head), built on the meta device: 6 N + 12 L (16 x 128) T with N counted by hand."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rpt.training.metrics import flops_per_token
+    from rpt.training.measure.metrics import flops_per_token
 
     shape = dict(hidden_size=1024, num_attention_heads=16, head_dim=128, num_key_value_heads=8, num_hidden_layers=28,
                  intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True)
@@ -373,8 +373,8 @@ def test_help_loads_neither_torch_nor_transformers():
 def test_optional_backends_are_imported_only_where_used():
     """deepspeed (its import prints "Setting accelerator to CPU"), peft and lm_eval load only in
     the runs that use them; the trainer, the sampler and the evaluation scripts do not import them."""
-    code = ("import sys\nimport rpt.training.loop, rpt.sampling.loading, rpt.benchmarks.script, rpt.hf_generate, rpt.model.lora\n"
-            "from rpt.training.build import make_accelerator\nfrom rpt.training.config import TrainConfig\n"
+    code = ("import sys\nimport rpt.training.loop, rpt.sampling.loading, rpt.evaluation.benchmark_script, rpt.hf_generate, rpt.model.lora\n"
+            "from rpt.training.setup import make_accelerator\nfrom rpt.training.config import TrainConfig\n"
             "import torch\nmake_accelerator(TrainConfig(output_dir='unused')).unwrap_model(torch.nn.Linear(1, 1))\n"
             "print(sorted(m for m in ('deepspeed', 'peft', 'lm_eval') if m in sys.modules))")
     e = {k: v for k, v in env().items() if k != "ACCELERATE_USE_DEEPSPEED"}
@@ -385,7 +385,7 @@ def test_optional_backends_are_imported_only_where_used():
 
 def test_train_log_is_cut_back_to_the_resumed_checkpoint(tmp_path):
     """As metrics.jsonl: a killed run's lines past its checkpoint go, a new run starts empty."""
-    from rpt.training.run_log import RunLog, step_line
+    from rpt.training.run_dir.log import RunLog, step_line
 
     def lines_of(max_steps):
         return [step_line({"step": s, "loss": 1.0 / s}, max_steps) for s in range(1, max_steps + 1)]

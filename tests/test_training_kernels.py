@@ -10,11 +10,11 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
-from rpt.training.build import build_optimizer, optimizer_kernel
 from rpt.training.config import TrainConfig
-from rpt.training.gemm_census import GemmCensus
+from rpt.training.measure.gemm_census import GemmCensus
+from rpt.training.measure.step_profile import CATEGORIES, category, profile_steps
+from rpt.training.setup import build_optimizer, optimizer_kernel
 from rpt.training.step import forward, make_batch
-from rpt.training.step_profile import CATEGORIES, category, profile_steps
 
 
 def llama(vocab: int, layers: int, seq: int, attn: str = "sdpa", hidden: int = 128) -> RPTForCausalLM:
@@ -110,7 +110,7 @@ def test_census_counts_grouped_query_attention_on_any_torch(monkeypatch):
 
 
 def test_step_profile_attributes_a_steps_time_to_its_kernels():
-    """rpt.training.step_profile on the CPU: one step of both objectives profiled, its time split over the five
+    """rpt.training.measure.step_profile on the CPU: one step of both objectives profiled, its time split over the five
     categories (all present, adding up to 1), the table naming the top operations; and CUDA kernel
     names attributed by the operation and the ranges that launched them."""
     for objective in ("ntp", "rpt"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rpt.data.packed import StoreBatches
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 from tests.train_helpers import ROOT, accelerate_cmd, run_cmd, run_train, write_config, write_jsonl
 
 CPU_DDP = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
@@ -116,7 +116,7 @@ def test_a_resume_over_a_changed_corpus_is_refused_naming_both_keys(tmp_path, ca
     before checkpoints recorded the key (or streamed data, which has none) resumes as before."""
     import json
 
-    from rpt.training.resume import Start, check_same_data
+    from rpt.training.run_dir.resume import Start, check_same_data
     from tests.inprocess_train import one_error_line, train_main
 
     texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" * 3 for i in range(40)]

@@ -10,7 +10,7 @@ logits: fine-tuning starts from the pretrained NTP model, as in the paper.
 
 A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus ``rpt_config.json``
 and the offset table in ``rpt_table/offset_embedding.safetensors``. Its base weights hold the
-table's NTP row folded into the input embedding (format version 2, :mod:`rpt.checkpoint.faithful`), so
+table's NTP row folded into the input embedding (format version 2, :mod:`rpt.checkpoint.folded_weights`), so
 ``AutoModelForCausalLM`` -- and vLLM -- loads exactly the trained model's next-token predictor;
 version-1 checkpoints (unfolded) still load here.
 
@@ -37,7 +37,7 @@ from transformers.utils import ModelOutput
 
 from rpt.checkpoint.custom_generate import write_custom_generate
 from rpt.checkpoint.directories import CheckpointError, unpickling_detail
-from rpt.checkpoint.faithful import (
+from rpt.checkpoint.folded_weights import (
     FORMAT_FOLDED,
     embeddings_tied,
     fold_ntp_row,
@@ -206,7 +206,7 @@ class RPTForCausalLM(nn.Module):
         ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
         smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
         checkpoint (:mod:`rpt.model.lora`) loads with its adapter merged into the base weights. A model
-        saved untied because it was tied (:mod:`rpt.checkpoint.faithful`) is tied again unless ``retie=False``.
+        saved untied because it was tied (:mod:`rpt.checkpoint.folded_weights`) is tied again unless ``retie=False``.
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
@@ -261,7 +261,7 @@ class RPTForCausalLM(nn.Module):
         return model
 
     def save_pretrained(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **hf_kwargs) -> None:
-        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.checkpoint.faithful`) plus the
+        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.checkpoint.folded_weights`) plus the
         relative offset table and ``rpt_config.json``. The in-memory model is not changed.
 
         ``state_dict`` (keys as in ``self.state_dict()``) lets a sharded run (DeepSpeed ZeRO-3)

@@ -27,7 +27,7 @@ _INT_RULES = (  # one rule per field
     (("rpt_window",), 2, "RPT revisits at least one previous token: use an integer >= 2 (2 or 3)"),
     (("top_k", "rpt_iters"), 0, "use an integer >= 0 (0 turns it off)"),
 )
-# The LZ window and match lengths are allocated as [W] / [B + 1, W] tensors (rpt/sampling/lz.py): a
+# The LZ window and match lengths are allocated as [W] / [B + 1, W] tensors (rpt/sampling/lz/definition.py): a
 # typo like 10**12 must be one error, not an allocation failure. 65536 tokens covers any context
 # this sampler decodes; the reference penalizer uses 512 and 32.
 _INT_MAXIMA = {"lz_window": 65536, "lz_buffer": 256}
@@ -80,7 +80,7 @@ class SamplingConfig:
     lz_window: int = 512
     lz_buffer: int = 32
     lz_include_prompt: bool = False  # window over generated tokens only, as the reference penalizer
-    lz_variant: str = "codelength"  # or "closest_longest": the two reference versions (rpt/sampling/lz.py)
+    lz_variant: str = "codelength"  # or "closest_longest": the two reference versions (rpt/sampling/lz/definition.py)
     penalize_ptp: bool = True  # PTP proposals for x_j get the processors NTP had at position j
     token_healing: bool = False
     stop: list[str] = field(default_factory=list)

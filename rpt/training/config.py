@@ -289,7 +289,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
     from rpt.checkpoint.rpt_config import (
-        MAX_WINDOW,  # late: rpt.checkpoint.rpt_config imports torch (through rpt.checkpoint.faithful)
+        MAX_WINDOW,  # late: rpt.checkpoint.rpt_config imports torch (through rpt.checkpoint.folded_weights)
     )
 
     if not 2 <= cfg.window <= MAX_WINDOW:

@@ -1,13 +1,13 @@
 """The training loop on ``accelerate``: one CPU, one GPU, DDP, or DeepSpeed ZeRO-2/3.
 
-:func:`run` is the loop and only the loop: it builds the run (:mod:`rpt.training.build`), decides
-where it starts (:mod:`rpt.training.resume`, :func:`rpt.training.saving.restore`), then per step
-runs the step (:mod:`rpt.training.step`), logs, evaluates (:mod:`rpt.training.evaluation`) and saves
+:func:`run` is the loop and only the loop: it builds the run (:mod:`rpt.training.setup`), decides
+where it starts (:mod:`rpt.training.run_dir.resume`, :func:`rpt.training.saving.restore`), then per step
+runs the step (:mod:`rpt.training.step`), logs, evaluates (:mod:`rpt.training.validation`) and saves
 (:mod:`rpt.training.saving`) on their own schedules. With a token store (every non-streamed source)
 sample ``i`` of the run is a pure function of the seed (:mod:`rpt.data.packed`) and the step's
 permutations are keyed by place in the global batch (:func:`rpt.training.step.make_batch`): a run
 resumed from ``checkpoint-<t>`` sees exactly the data and permutations the uninterrupted run saw.
-Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.streaming`).
+Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.rank_stream`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,24 @@ from tqdm.auto import tqdm
 
 from rpt.checkpoint.directories import write_json_atomic
 from rpt.data import build_packed, build_tokenizer
-from rpt.data.build import check_vocabulary
+from rpt.data.run_data import check_vocabulary
 from rpt.model.lora import parameter_line
-from rpt.training.build import (
+from rpt.training.compiled_blocks import transformer_blocks
+from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.measure.metrics import (
+    MetricsLog,
+    Throughput,
+    device_peak_flops,
+    flops_per_token,
+    peak_memory_mb,
+)
+from rpt.training.measure.plotting import plot_loss_curves
+from rpt.training.micro_batch import check_split
+from rpt.training.run_dir.log import RunLog, fit_warmup, step_line, summary_lines
+from rpt.training.run_dir.record import append_segment, write_config_record
+from rpt.training.run_dir.resume import check_same_data, plan_start
+from rpt.training.saving import restore, save_checkpoint, save_final
+from rpt.training.setup import (
     build_model,
     build_optimizer,
     check_backend,
@@ -34,16 +49,6 @@ from rpt.training.build import (
     trained_precision,
     zero_stage,
 )
-from rpt.training.compiled_blocks import transformer_blocks
-from rpt.training.config import ConfigError, TrainConfig
-from rpt.training.evaluation import evaluate
-from rpt.training.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
-from rpt.training.micro_batch import check_split
-from rpt.training.plotting import plot_loss_curves
-from rpt.training.resume import check_same_data, plan_start
-from rpt.training.run_log import RunLog, fit_warmup, step_line, summary_lines
-from rpt.training.run_record import append_segment, write_config_record
-from rpt.training.saving import restore, save_checkpoint, save_final
 from rpt.training.step import (
     DRAWS,
     LEGACY_DRAWS,
@@ -55,6 +60,7 @@ from rpt.training.step import (
     stop_if_not_finite,
     train_step,
 )
+from rpt.training.validation import evaluate
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
@@ -127,7 +133,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
                                   start_position=start_position, warmup_note=warmup_note, split_note=split.line()))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
-    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_record)
+    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_dir.record)
         write_config_record(cfg)
         append_segment(cfg, start_step, start.changed, start.checkpoint, split=split_record(split, draws))
 
@@ -209,7 +215,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def peak_memory_all_ranks(accelerator) -> float:
-    """The largest peak memory (MB) of any rank since the previous call (rpt.training.metrics)."""
+    """The largest peak memory (MB) of any rank since the previous call (rpt.training.measure.metrics)."""
     mine = torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device)
     return float(accelerator.reduce(mine, "max"))
 

@@ -2,7 +2,7 @@
 
 ``checkpoint-<step>/`` holds accelerate's state, the data position (per rank for streams), the
 scheduler as JSON and ``trainer_state.json``, with ``manifest.json`` written last
-(:mod:`rpt.checkpoint.directories`); :func:`restore` loads what :func:`rpt.training.resume.plan_start`
+(:mod:`rpt.checkpoint.directories`); :func:`restore` loads what :func:`rpt.training.run_dir.resume.plan_start`
 already verified. ``final/`` is a loadable RPT checkpoint (or LoRA adapter directory) with the
 tokenizer, the config and the run's segments.
 """
@@ -36,9 +36,9 @@ from rpt.checkpoint.directories import (
 )
 from rpt.model.lora import save_lora_checkpoint
 from rpt.training.config import TrainConfig
-from rpt.training.metrics import MetricsLog
-from rpt.training.resume import Start
-from rpt.training.run_record import copy_segments
+from rpt.training.measure.metrics import MetricsLog
+from rpt.training.run_dir.record import copy_segments
+from rpt.training.run_dir.resume import Start
 
 
 def load_accelerator_state(accelerator, path: str) -> None:
@@ -56,7 +56,7 @@ def load_accelerator_state(accelerator, path: str) -> None:
 
 def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog) -> tuple[int, int]:
     """Load the checkpoint ``start`` names (already verified and checked against the config by
-    :func:`rpt.training.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
+    :func:`rpt.training.run_dir.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
     ``(0, 0)``: no checkpoint)."""
     path, state = start.checkpoint, start.state
     if not path:

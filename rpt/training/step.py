@@ -22,7 +22,7 @@ from rpt.training.compiled_blocks import eager_blocks
 from rpt.training.config import ConfigError, TrainConfig
 from rpt.training.micro_batch import Split
 from rpt.training.micro_batch import choose as choose_micro_batch
-from rpt.training.run_lock import LockLost, lost_reason
+from rpt.training.run_dir.lock import LockLost, lost_reason
 
 # How the objective's draws are keyed, recorded in every checkpoint (trainer_state.json "draws"):
 # per sequence of the global batch, so that the micro-batch does not change what is trained; runs

@@ -1,0 +1,1 @@
+"""rpt.studies.error_analysis.analysis."""

@@ -1,0 +1,1 @@
+"""rpt.studies.scaling."""

@@ -1,0 +1,1 @@
+"""rpt.training.run_dir."""
