@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.result_files import out_problem  # noqa: E402
+from rpt.cli.output_paths import output_problem  # noqa: E402
+from rpt.cli.parser import OneLineArgumentParser  # noqa: E402
 from rpt.studies.agreement import results  # noqa: E402
 from rpt.studies.agreement import run as runner  # noqa: E402
-from rpt.training.config import OneLineArgumentParser  # noqa: E402
 
 
 def build_parser() -> OneLineArgumentParser:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
         official = runner.is_official(design, args.seeds)
         out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
-        problem = out_problem(out, (".md", ".png", results.TVS_SUFFIX))
+        problem = output_problem(out, "--out", siblings=(".md", ".png", results.TVS_SUFFIX))
         if problem is None and (work.exists() or work.is_symlink()) and not work.is_dir():
             problem = f"--work {work} is a file; name a directory for the source and the runs"
     if problem is not None:

@@ -26,9 +26,9 @@ import sys
 
 import torch
 
-from rpt.devices import check_device
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
 from rpt.evaluation.user_jsonl import EvalInputError
-from rpt.result_files import out_problem
 from rpt.studies.error_analysis.run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
@@ -83,7 +83,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalInputError("need --limit >= 0, --iters >= 1, --batch-size >= 1 and --top-m >= 1")
     if not 0.0 < args.val_fraction < 1.0:
         raise EvalInputError("--val-fraction must be in (0, 1)")
-    problem = out_problem(args.out)
+    problem = output_problem(args.out, "--out", siblings=REPORT_SIBLINGS)
     if problem is not None:  # before the model loads: a bad --out would fail only after the analysis
         raise EvalInputError(problem)
     check_device(args.device)

@@ -18,8 +18,8 @@ import sys
 
 from tqdm import tqdm
 
+from rpt.cli.model_args import add_model_args
 from rpt.evaluation.batched_generation import (
-    add_model_args,
     generate_texts,
     load_checkpoint,
     split_across_processes,

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.result_files import out_problem  # noqa: E402
+from rpt.cli.output_paths import output_problem  # noqa: E402
 from rpt.studies.scaling import run as runner  # noqa: E402
 from rpt.studies.scaling.design import CONFIG, Design  # noqa: E402
 
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     official = runner.is_official(design, seeds)
     work = Path(args.work or (runner.DEFAULT_WORK if official else "runs/scaling_dev")).resolve()
     out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "scaling.json"))
-    problem = out_problem(out, (".md", ".png"))
+    problem = output_problem(out, "--out", siblings=(".md", ".png"))
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2

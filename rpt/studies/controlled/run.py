@@ -20,7 +20,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rpt.result_files import out_problem, save_figure, sibling, write_json, write_markdown
+from rpt.cli.output_paths import output_problem
+from rpt.result_files import save_figure, sibling, write_json, write_markdown
 from rpt.studies import owned_dirs
 from rpt.studies.controlled import experiment as ctl
 from rpt.studies.controlled import hmm as hmm_lib
@@ -268,7 +269,8 @@ def run_controlled(args: argparse.Namespace) -> int:
         print("error: need --contexts >= 2, and --source together with --checkpoints", file=sys.stderr)
         return 2
     steps = [s for s in (args.pretrain_steps, args.finetune_steps, args.sweep_steps) if s is not None]
-    problem = out_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, (".md", ".png"))
+    problem = output_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, "--out",
+                             siblings=(".md", ".png"))
     work = Path(args.work)
     if problem is None and args.sweep and (work.exists() or work.is_symlink()) and not work.is_dir():
         problem = f"--work {work} is a file; name a directory for the sweep's source and runs"
