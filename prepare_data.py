@@ -20,6 +20,7 @@ import sys
 from rpt.cli.output_paths import check_output
 from rpt.cli.parser import OneLineArgumentParser, report_input_error
 from rpt.data import DataError
+from rpt.errors import InputError
 from rpt.training.config import ConfigError, load_config
 
 MAX_PROCESSES = 1024  # beyond this a typo (--num-proc 100000) would spawn a process per shard
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return report_input_error(e, traceback_hint=False)
     if not 1 <= args.num_proc <= MAX_PROCESSES:
-        print(f"error: --num-proc {args.num_proc} must be between 1 and {MAX_PROCESSES}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(f"--num-proc {args.num_proc} must be between 1 and {MAX_PROCESSES}"),
+                                  traceback_hint=False)
     if args.max_tokens is not None and not args.out:
         # train.py looks in cache_dir for the whole corpus's store: a cut one there is never read.
         print("error: --max-tokens needs --out DIR (train.py reads the whole corpus from cache_dir, never a cut "

@@ -28,6 +28,7 @@ import torch
 
 from rpt.cli.devices import check_device
 from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
 from rpt.evaluation.user_jsonl import EvalInputError
 from rpt.studies.error_analysis.run import run_error_analysis
 
@@ -35,14 +36,8 @@ DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2, like every other bad input
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="RPT checkpoint directory (with its tokenizer)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", default=None, help="JSONL file with a 'text' field per line")
@@ -94,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
     return run_error_analysis(args)
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rpt.cli.output_paths import output_problem
+from rpt.cli.parser import report_input_error
+from rpt.errors import InputError
 from rpt.result_files import save_figure, sibling, write_json, write_markdown
 from rpt.studies.sec3 import synthetic as syn
 
@@ -69,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         None if args.trials >= 1 and args.vocab >= 2 and args.trials * args.vocab**2 <= 2**26 else
         "need --trials >= 1, --vocab >= 2 and --trials x --vocab^2 <= 2^26 (each array is trials x V x V floats)")
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(problem), traceback_hint=False)
     by_level = run(args.trials, args.seed, args.vocab)
     paths = write_outputs(args.out, args, by_level)
     print(open(paths[1], encoding="utf-8").read())

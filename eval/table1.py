@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rpt.checkpoint.model_ref import resolve_model_ref
 from rpt.cli.model_args import add_model_args
+from rpt.cli.parser import report_input_error
 from rpt.evaluation import table1
 from rpt.evaluation.benchmark_script import run
 from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
@@ -68,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint, table1.chat_probes(args.benchmarks))
         trained = rpt_window_of(args.checkpoint) or 0
     except ValueError as e:  # ModelRefError, ConfigError and ChatTemplateError are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     windows = [w for w in args.windows if w <= trained or set(args.rpt_iters) <= {0}]
     skipped = sorted(set(args.windows) - set(windows))
     if skipped:

@@ -8,6 +8,7 @@ and of the library's entry points: what every command line shares.
 * :mod:`rpt.cli.model_args`   the model flags (``--checkpoint``, ``--device``, ``--dtype``, ``--batch-size``,
                               ``--compile``), defined once
 * :mod:`rpt.cli.sample`       ``sample.py``'s command
+* :mod:`rpt.cli.study_command` a study command's shape (``eval/agreement.py``, ``eval/scaling.py``)
 
 Nothing is imported here: reaching one module does not load its neighbours (``--help`` stays free of torch).
 """

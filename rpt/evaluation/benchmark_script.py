@@ -28,6 +28,7 @@ from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
 from rpt.cli.devices import check_device
 from rpt.cli.model_args import add_model_args
 from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
+from rpt.cli.parser import report_input_error
 from rpt.evaluation import sweep
 from rpt.evaluation.batched_generation import check_source_args, load_checkpoint
 from rpt.evaluation.user_jsonl import EvalInputError, select_tasks
@@ -166,8 +167,7 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
             return _run_given(benchmark, args, problems)
         return _run_checkpoint(benchmark, args, problems)
     except (EvalInputError, IsolationUnavailable, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
 
 
 def _scores(row: dict) -> str:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from rpt.cli.output_paths import output_problem
+from rpt.cli.parser import report_input_error
+from rpt.errors import InputError
 from rpt.result_files import save_figure, sibling, write_json, write_markdown
 from rpt.studies import owned_dirs
 from rpt.studies.controlled import experiment as ctl
@@ -277,15 +279,13 @@ def run_controlled(args: argparse.Namespace) -> int:
     if problem is None and (args.parallel < 1 or (args.threads is not None and args.threads < 1) or min(steps, default=1) < 1):
         problem = "need --parallel >= 1, --threads >= 1 and step counts >= 1"
     if problem is not None:  # before a source is written or a model trained
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(problem), traceback_hint=False)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         return _run_checked(args, others_of(args) if not args.sweep else [])
     except (owned_dirs.ForeignDirectory, _BadCompare) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
 
 
 class _BadCompare(ValueError):
