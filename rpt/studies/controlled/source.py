@@ -114,7 +114,6 @@ def write_source(out_dir: str, design: Design) -> SourceFiles:
     write_documents(files.train, hmm_lib.sample(hmm, design.train_docs, design.doc_len, seed=design.hmm_seed + 1))
     write_documents(files.validation, hmm_lib.sample(hmm, design.val_docs, design.doc_len, seed=design.hmm_seed + 2))
     write_tokenizer(files.tokenizer, design.vocab)
-    with open(files.hmm, "w") as f:
-        json.dump({"design": design.to_dict(), "hmm": hmm.to_dict()}, f, indent=1)
+    write_atomic(files.hmm, json.dumps({"design": design.to_dict(), "hmm": hmm.to_dict()}, indent=1))
     return files
 
