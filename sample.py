@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import sys
 
-from rpt.cli.sample import build_parser as _build_parser
-from rpt.cli.sample import main as _main
+from rpt.cli import sample as command
 
 
 def build_parser():
-    return _build_parser(__doc__)
+    return command.build_parser(__doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return _main(argv, __doc__)
+    return command.main(argv, __doc__)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ def test_the_writer_writes_bytes_text_and_through_a_function(tmp_path):
     write_atomic(target, b"\x00\xff")
     assert target.read_bytes() == b"\x00\xff"
     write_atomic(target, "é\n")
-    assert target.read_bytes() == "é\n".encode("utf-8")
+    assert target.read_bytes() == b"\xc3\xa9\n"  # UTF-8
     write_atomic(target, lambda handle: handle.write(b"abc"))
     assert target.read_bytes() == b"abc" and os.listdir(target.parent) == ["f.bin"]
 
@@ -165,3 +165,30 @@ def test_each_error_is_caught_where_its_users_catch_it():
     for cls in (CheckpointError, ModelRefError, DataError, ModelArgsError, EvalInputError, RPTSettingError,
                 ChatTemplateError, ConfigError):
         assert issubclass(cls, InputError)
+
+
+def test_a_study_command_checks_out_before_running_and_refusals_are_one_line(tmp_path, capsys):
+    from rpt.cli.study_command import run_study
+
+    class Refused(Exception):
+        pass
+
+    ran = []
+
+    def write(out, summary):
+        (tmp_path / "r.md").write_text(f"# {summary}\n")
+        return [out, tmp_path / "r.md"]
+
+    (tmp_path / "taken.md").mkdir()
+    assert run_study(str(tmp_path / "taken.json"), (".md",), lambda: ran.append(1), write, Refused) == 2
+    assert ran == [] and "is a directory" in capsys.readouterr().err
+    assert run_study(str(tmp_path / "r.json"), (), lambda: ran.append(1), write, Refused, check=lambda: "bad work") == 2
+    assert ran == [] and capsys.readouterr().err == "error: bad work\n"
+
+    def refused():
+        raise Refused("not registered")
+
+    assert run_study(str(tmp_path / "r.json"), (), refused, write, Refused) == 2
+    assert capsys.readouterr().err == "error: not registered\n"
+    assert run_study(str(tmp_path / "r.json"), (".md",), lambda: "done", write, Refused) == 0
+    assert capsys.readouterr().out == f"# done\n\nwrote {tmp_path / 'r.json'}, {tmp_path / 'r.md'}\n"
