@@ -1,5 +1,5 @@
 """Bad user input, by kind: every class is an :class:`InputError` (a ``ValueError``), which the scripts
-answer with one ``error: ...`` line and exit status 2 (:func:`rpt.cli.exit.report_input_error`).
+answer with one ``error: ...`` line and exit status 2 (:func:`rpt.cli.parser.report_input_error`).
 
 Each message names the problem and the fix. The classes sit in the base layer so that any layer may
 raise them; each is also reachable where its users catch it (``rpt.data.DataError``,
