@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from rpt.training.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
+from rpt.training.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         check_train_inputs(cfg)
         check_train_device("--device" if args.device else "ACCELERATE_TORCH_DEVICE")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     from rpt.data import DataError
     from rpt.training.loop import run
     from rpt.training.run_dir.lock import release_run_lock

@@ -68,7 +68,7 @@ def per_call_us(fn, inputs: tuple, device: torch.device, calls: int = 20) -> flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])  # not DTYPES: a tolerance each
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--capacity", type=int, default=256)
     ap.add_argument("--tolerance", type=float, default=None, help="largest |flex - sdpa| (default 2e-2 bf16, 1e-5 fp32)")

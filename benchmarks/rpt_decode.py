@@ -41,6 +41,7 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rpt.cli.devices import DTYPES
 from rpt.decode_forward.queries import ModelQueries, Visibility
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
@@ -132,7 +133,7 @@ def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fus
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--model-size", default="tiny", choices=sorted(SIZES))
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=256)

@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from rpt.cli.devices import DTYPES
 from rpt.decode_forward.compile_guard import CompileFailure, describe
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.decode.compile_mode import compile_step
@@ -129,7 +130,7 @@ def sync(device: torch.device) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--window", type=int, default=2, help="RPT window w: 1 NTP query and w - 1 PTP chains")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 16])

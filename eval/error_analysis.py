@@ -26,23 +26,18 @@ import sys
 
 import torch
 
-from rpt.devices import check_device
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
 from rpt.evaluation.user_jsonl import EvalInputError
-from rpt.result_files import out_problem
 from rpt.studies.error_analysis.run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2, like every other bad input
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="RPT checkpoint directory (with its tokenizer)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", default=None, help="JSONL file with a 'text' field per line")
@@ -83,7 +78,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalInputError("need --limit >= 0, --iters >= 1, --batch-size >= 1 and --top-m >= 1")
     if not 0.0 < args.val_fraction < 1.0:
         raise EvalInputError("--val-fraction must be in (0, 1)")
-    problem = out_problem(args.out)
+    problem = output_problem(args.out, "--out", siblings=REPORT_SIBLINGS)
     if problem is not None:  # before the model loads: a bad --out would fail only after the analysis
         raise EvalInputError(problem)
     check_device(args.device)
@@ -94,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
     return run_error_analysis(args)
 
 

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"error: lm-eval is not installed ({exc}); pip install -e '.[lm-eval]'", file=sys.stderr)
         return 2
-    from rpt.training.config import report_input_error
+    from rpt.cli.parser import report_input_error
 
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     try:

@@ -18,8 +18,9 @@ import sys
 
 from tqdm import tqdm
 
+from rpt.cli.model_args import add_model_args
+from rpt.cli.parser import report_input_error
 from rpt.evaluation.batched_generation import (
-    add_model_args,
     generate_texts,
     load_checkpoint,
     split_across_processes,
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             check_checkpoint(window, s.config(base), args.checkpoint)
         prompts = load_prompts(args, tokenizer)
     except (EvalInputError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     store = ResultStore(args.out, fresh=args.fresh)
     mine, gather = split_across_processes(prompts)
     records: dict[str, list[dict]] = {}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpt.config_errors import ConfigError
+from rpt.errors import ConfigError
 
 
 @dataclass

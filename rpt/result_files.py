@@ -1,22 +1,23 @@
-"""Shared output helpers for the evaluation scripts.
+"""The files a run leaves: every result, record and checkpoint file written atomically (:func:`write_atomic`),
+and the evaluation scripts' outputs.
 
-Every script writes ``F.json`` plus ``F.md`` (markdown table) and ``F.png`` beside it, and keeps
-finished items in ``F.items.jsonl`` so a rerun on the same ``--out`` skips them.
+Every evaluation script writes ``F.json`` plus ``F.md`` (markdown table) and ``F.png`` beside it, and keeps
+finished items in ``F.items.jsonl`` so a rerun on the same ``--out`` skips them. numpy and matplotlib are
+imported where a file needs them, so the checkpoint and data layers write through this module without them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-from matplotlib.figure import Figure  # no pyplot: no global backend state, safe off the main thread
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def sibling(out: str | Path, suffix: str) -> Path:
@@ -25,56 +26,47 @@ def sibling(out: str | Path, suffix: str) -> Path:
     return out.with_name(out.stem + suffix) if out.suffix == ".json" else out.with_name(out.name + suffix)
 
 
-def out_problem(out: str | Path, suffixes: Sequence[str] = (".md", ".png", ".items.jsonl")) -> str | None:
-    """Why a report cannot be written at ``out`` and its siblings (``suffixes``), or None: checked
-    before any work, so a bad ``--out`` never costs a run."""
-    for path in (Path(out), *(sibling(out, s) for s in suffixes)):
-        if path.is_dir():
-            return f"--out {out}: {path} is a folder; name a file, e.g. --out {Path(out) / 'result.json'}"
-    parent = Path(out).expanduser().absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"--out {out}: {parent} is a file, not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {out}: cannot write in {parent}"
-    return None
+def write_atomic(path: str | Path, content: bytes | str | Callable[[BinaryIO], object]) -> Path:
+    """Write ``content`` to ``path`` so that a reader sees the old file or the whole new one, never a part.
 
-
-@contextmanager
-def _atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temp path in the target's directory; on success it replaces ``path`` atomically."""
+    ``content``: bytes, text (written as UTF-8), or a function writing into the binary file it is given. It goes
+    to a temporary file in ``path``'s directory (created if missing), is flushed to disk (``fsync``) and then
+    renamed over ``path`` (``os.replace``); if the write fails, the temporary file is removed and ``path`` is
+    left as it was. The file gets the permissions an ``open`` would give it (the umask's)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        yield Path(tmp)
+        with open(tmp, "xb") as handle:
+            if callable(content):
+                content(handle)
+            else:
+                handle.write(content.encode("utf-8") if isinstance(content, str) else content)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    return path
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write text atomically (temp file + ``os.replace``): readers never see half a file."""
-    with _atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return Path(path)
+    """Write text atomically (:func:`write_atomic`): readers never see half a file."""
+    return write_atomic(path, text)
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
-    """Write JSON atomically (temp file + ``os.replace``): readers never see half a file."""
-    with _atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return Path(path)
+    """Write JSON atomically (:func:`write_atomic`): readers never see half a file."""
+    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_npz(path: str | Path, arrays: dict[str, Any]) -> Path:
     """Write numpy arrays as one compressed ``.npz`` atomically (``numpy.load`` reads it back)."""
-    with _atomic_path(path) as tmp, open(tmp, "wb") as f:  # a file object: savez would append ".npz" to a name
-        np.savez_compressed(f, **arrays)
-    return Path(path)
+    import numpy as np  # here, not at import: the checkpoint and data layers write through this module
+
+    # into the file object: given a name, savez would append ".npz" to it
+    return write_atomic(path, lambda handle: np.savez_compressed(handle, **arrays))
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -96,21 +88,19 @@ def write_markdown(path: str | Path, title: str, tables: Sequence[tuple[Sequence
     if notes:
         parts.append(notes.rstrip() + "\n")
     parts += [markdown_table(headers, rows) for headers, rows in tables]
-    with _atomic_path(path) as tmp:
-        tmp.write_text("\n".join(parts), encoding="utf-8")
-    return Path(path)
+    return write_atomic(path, "\n".join(parts))
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Save a matplotlib figure as PNG, atomically."""
-    with _atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    return Path(path)
+    return write_atomic(path, lambda handle: fig.savefig(handle, format="png", dpi=120, bbox_inches="tight"))
 
 
 def bar_plot(path: str | Path, labels: Sequence[str], values: Sequence[float], title: str,
              ylabel: str, ylim: tuple[float, float] | None = (0.0, 1.0)) -> Path:
     """A labelled bar chart, e.g. pass@k or accuracy per setting."""
+    from matplotlib.figure import Figure  # here, not at import (as numpy); no pyplot: no global backend state
+
     fig = Figure(figsize=(max(3.0, 1.2 * len(labels) + 1.5), 3.2))
     ax = fig.add_subplot()
     bars = ax.bar(list(labels), list(values), color="tab:blue")
@@ -149,8 +139,7 @@ class ResultStore:
         if not text.endswith("\n") and text:
             # A torn final line from an interrupted run: drop it, or the next append would glue onto it.
             text = text[: text.rfind("\n") + 1]
-            with _atomic_path(self.path) as tmp:
-                tmp.write_text(text, encoding="utf-8")
+            write_atomic(self.path, text)
         for lineno, line in enumerate(text.splitlines(), start=1):
             try:
                 entry = json.loads(line)

@@ -45,7 +45,7 @@ def test_store_and_stream_pack_documents_as_the_tokenizer_encodes_them(tmp_path,
 
 def test_a_store_written_without_bos_is_refused_for_a_bos_tokenizer(tmp_path):
     """A store from before BOS was packed (no bos_id in its index) and a BOS-prepending tokenizer."""
-    from rpt.data.errors import DataError
+    from rpt.errors import DataError
 
     tok = llama3_style()
     write_token_store(str(tmp_path / "store"), TEXTS, tok, progress=False)

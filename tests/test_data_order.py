@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from rpt.data import build_packed
-from rpt.data.errors import DataError
+from rpt.errors import DataError
 from rpt.training.config import TrainConfig
 from tests.tiny_models import tiny_tokenizer
 from tests.train_helpers import write_jsonl

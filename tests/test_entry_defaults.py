@@ -75,7 +75,7 @@ def test_lm_eval_task_shots_are_the_tables():
 
 
 def test_dtype_auto_is_accepted_everywhere(entry_parsers):
-    from rpt.sampling.precision import resolve_dtype
+    from rpt.cli.devices import resolve_dtype
 
     for entry, parser in entry_parsers.items():
         action = next(a for a in parser._actions if a.dest == "dtype")

@@ -79,7 +79,7 @@ def test_out_naming_a_folder_stops_before_the_run(script, extra, task, tmp_path,
     folder = tmp_path / "existing"
     folder.mkdir()
     assert load_script(script).main([*extra, "--completions", "canonical", "--out", str(folder)]) == 2
-    assert "is a folder" in one_error_line(capsys)
+    assert "is a directory" in one_error_line(capsys)
     file = tmp_path / "file"
     file.write_text("")
     assert load_script(script).main([*extra, "--completions", "canonical", "--out", str(file / "x.json")]) == 2
@@ -241,7 +241,7 @@ def test_an_out_that_cannot_be_written_stops_before_any_work(script, tmp_path, c
     argv = (["--trials", "2"] if script == "eval/synthetic.py" else _script_argv(script, tmp_path)[:2])
     assert load_script(script).main([*argv, "--out", str(target)]) == 2
     line = one_error_line(capsys)
-    assert str(target) in line and ("is a file" in line or "is a folder" in line), line
+    assert str(target) in line and ("is a file" in line or "is a directory" in line), line
     assert (target.read_text() == "keep me") if target.is_file() else not any(target.iterdir())
 
 

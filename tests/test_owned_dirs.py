@@ -127,7 +127,7 @@ def test_agreement_out_naming_a_folder_refused_before_any_work(tmp_path, capsys)
         assert script.main(["--source-seed", "3", "--seeds", "9", "--steps", "1", "--work", str(tmp_path / "work"),
                             "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "is a folder" in err[0] and not (tmp_path / "work").exists()
+        assert len(err) == 1 and "is a directory" in err[0] and not (tmp_path / "work").exists()
     with pytest.raises(runner.Refused, match="at least 1 step"):
         runner.run(dataclasses.replace(ag.Design(), source_seed=3), [9], tmp_path / "work", steps=0)
     assert not (tmp_path / "work").exists()

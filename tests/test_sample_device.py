@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import sample
-from rpt.devices import check_device
+from rpt.cli.devices import check_device
+from rpt.cli.sample import read_prompts
 from tests.inprocess_train import one_error_line
 
 NO_GPU = not torch.cuda.is_available()
@@ -77,7 +78,7 @@ def test_the_three_json_lines_readers_keep_their_words(tmp_path, line, prompts, 
     path = tmp_path / "p.jsonl"
     path.write_bytes(b'{"prompt": "a"}\n' + line + b"\n\n")
     with pytest.raises(ValueError) as read:
-        sample.read_prompts(str(path))
+        read_prompts(str(path))
     assert str(read.value) == f"{path} {prompts}"
     with pytest.raises(EvalInputError) as read:
         read_jsonl(path)

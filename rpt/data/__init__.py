@@ -10,12 +10,12 @@
 * :mod:`rpt.data.run_data`       config -> the run's training and validation data
 """
 
-from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.run_data import build_packed, build_tokenizer, default_store_path, prepare_store, split_sources
 from rpt.data.sources import stdlib_files, stdlib_texts
 from rpt.data.token_store import TokenStore, write_token_store
 from rpt.data.tokenizer import EOS_TOKEN, load_or_train_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
+from rpt.errors import DataError
 
 __all__ = [
     "EOS_TOKEN", "DataError", "PackedStore", "StoreBatches", "TokenStore", "build_packed", "build_tokenizer",

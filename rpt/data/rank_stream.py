@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rpt.data.errors import DataError
 from rpt.data.tokenizer import backend_of, bos_id, encode_documents, eos_id
+from rpt.errors import DataError
 
 STATE_VERSION = 2
 

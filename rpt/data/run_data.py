@@ -16,7 +16,6 @@ import json
 import os
 from typing import Any
 
-from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
 from rpt.data.rank_stream import PackedStream, StreamBatches
 from rpt.data.sources import (
@@ -30,6 +29,7 @@ from rpt.data.sources import (
 )
 from rpt.data.token_store import INDEX, TokenStore, read_index, write_token_store
 from rpt.data.tokenizer import bos_id, load_or_train_tokenizer, load_tokenizer, tokenizer_fingerprint
+from rpt.errors import DataError
 
 SPLITS = ("train", "validation")
 

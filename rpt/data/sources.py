@@ -30,7 +30,7 @@ import sys
 import sysconfig
 from typing import Any
 
-from rpt.data.errors import DataError
+from rpt.errors import DataError
 
 STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
 SOURCE_KINDS = ("stdlib", "path", "hub", "tokens")

@@ -15,7 +15,7 @@ from rpt.demo.processes import ROOT
 from rpt.demo.report_markdown import render_markdown
 from rpt.demo.stages import Stages
 from rpt.demo.study_lines import agreement_tradeoff
-from rpt.result_files import write_json
+from rpt.result_files import write_json, write_text
 
 
 def _intervals(summary: dict) -> dict:
@@ -116,6 +116,6 @@ def build_report(out: Path, stages: Stages, args) -> dict:
         "wall_seconds": getattr(args, "wall_seconds", None),
     }
     write_json(out / "report.json", report)
-    (out / "report.md").write_text(render_markdown(report, out))
+    write_text(out / "report.md", render_markdown(report, out))
     return report
 

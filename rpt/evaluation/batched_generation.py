@@ -8,29 +8,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from rpt.cli.devices import resolve_dtype
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.flags import add_compile_arg
 from rpt.sampling.loading import load_model, load_tokenizer, rpt_window_of
-from rpt.sampling.precision import DTYPE_CHOICES, resolve_dtype
 from rpt.sampling.text.complete import complete
-
-
-def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._ArgumentGroup:
-    """``--checkpoint`` (optional with ``required=False``, for scripts that can also run without
-    a model), ``--device``, ``--dtype``, ``--batch-size``, ``--compile``; returns their group."""
-    group = parser.add_argument_group("model")
-    group.add_argument("--checkpoint", required=required, help="RPT checkpoint (or a plain HF causal LM for --rpt-iters 0)")
-    group.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    group.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
-                       help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
-    group.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
-    add_compile_arg(group)
-    return group
 
 
 def load_checkpoint(checkpoint: str, device: str = "cpu", dtype: str = "float32"):
     """``(model, tokenizer, trained_window)``; ``trained_window`` is None for a plain causal LM;
-    ``dtype`` one of :data:`~rpt.sampling.precision.DTYPE_CHOICES`."""
+    ``dtype`` one of :data:`~rpt.cli.devices.DTYPE_CHOICES`."""
     tokenizer = load_tokenizer(checkpoint)
     window = rpt_window_of(checkpoint)
     model = load_model(checkpoint, window, device, resolve_dtype(dtype, device))

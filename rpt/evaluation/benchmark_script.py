@@ -25,14 +25,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
-from rpt.devices import check_device
+from rpt.cli.devices import check_device
+from rpt.cli.model_args import add_model_args
+from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
+from rpt.cli.parser import report_input_error
 from rpt.evaluation import sweep
-from rpt.evaluation.batched_generation import add_model_args, check_source_args, load_checkpoint
+from rpt.evaluation.batched_generation import check_source_args, load_checkpoint
 from rpt.evaluation.user_jsonl import EvalInputError, select_tasks
 from rpt.result_files import (
     ResultStore,
     bar_plot,
-    out_problem,
     save_figure,
     sibling,
     write_json,
@@ -41,12 +43,9 @@ from rpt.result_files import (
 from rpt.sampling.entry_defaults import explain_defaults
 from rpt.sampling.flags import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint, load_tokenizer
-from rpt.sampling.precision import DTYPE_CHOICES
 from rpt.sampling.text import chat
 from rpt.sampling.text.chat import CHAT_HELP, add_chat_arg
 from rpt.sandbox import IsolationUnavailable
-
-DTYPES = DTYPE_CHOICES
 
 
 class Benchmark:
@@ -157,7 +156,7 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
         if args.chat and args.completions is not None:
             raise EvalInputError("--chat builds the prompts of generation (--checkpoint); --completions are scored as "
                                  "given (whole programs as {task_id, solution} lines): drop --chat")
-        problem = out_problem(args.out)
+        problem = output_problem(args.out, "--out", siblings=REPORT_SIBLINGS)
         if problem is not None:  # before any work: a bad --out would otherwise fail only at the end
             raise EvalInputError(problem)
         if args.checkpoint is not None:
@@ -168,8 +167,7 @@ def run(benchmark: Benchmark, argv: Sequence[str] | None = None) -> int:
             return _run_given(benchmark, args, problems)
         return _run_checkpoint(benchmark, args, problems)
     except (EvalInputError, IsolationUnavailable, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
 
 
 def _scores(row: dict) -> str:

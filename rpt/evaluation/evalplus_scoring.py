@@ -54,6 +54,7 @@ from pathlib import Path
 
 from rpt.evaluation import samples_jsonl as samples
 from rpt.evaluation.user_jsonl import EvalInputError
+from rpt.result_files import write_atomic
 from rpt.sandbox import Execution, Job, Limits, _wire, exit_reason, run_jobs
 
 FILES = {"humaneval": "HumanEvalPlus-v0.1.10.jsonl.gz", "mbpp": "MbppPlus-v0.2.0.jsonl.gz"}
@@ -186,6 +187,12 @@ def _task_file(folder: Path, task_id: str) -> Path:
     return folder / (task_id.replace("/", "_") + ".json.gz")
 
 
+def _gzip_json(raw, entry: dict) -> None:
+    """``entry`` as gzipped JSON into the binary file ``raw``."""
+    with gzip.open(raw, "wt", encoding="utf-8", compresslevel=3) as handle:
+        json.dump(entry, handle)
+
+
 def expected_outputs(dataset: str, tasks: dict[str, dict], directory: str | Path | None = None,
                      workers: int | None = None, limits: Limits | None = None) -> dict[str, Oracle]:
     """Each task's canonical solution run once (in the sandbox, timed); the outputs are cached
@@ -231,10 +238,8 @@ def expected_outputs(dataset: str, tasks: dict[str, dict], directory: str | Path
             entry[split].append(value)
             entry[f"{split}_time"].append(float(m["t"]))
         path = _task_file(folder, tid)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{j}.tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=3) as handle:
-            json.dump(entry, handle)
-        os.replace(tmp, path)  # atomic: a concurrent or interrupted run never sees half an entry
+        # atomic: a concurrent or interrupted run never sees half an entry
+        write_atomic(path, lambda raw: _gzip_json(raw, entry))
         oracles[tid] = Oracle(**entry)
 
     limits = limits or Limits(timeout=60.0, memory_bytes=4 << 30)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from rpt.devices import check_device
+from rpt.cli.devices import check_device
 from rpt.evaluation.batched_generation import generate_texts, load_checkpoint
 from rpt.evaluation.lm_eval_args import (
     ModelArgsError,

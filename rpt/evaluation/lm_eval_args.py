@@ -15,16 +15,13 @@ import re
 import typing
 from typing import Any
 
+from rpt.cli.devices import DTYPES
+from rpt.errors import ModelArgsError
 from rpt.sampling.config import SamplingConfig
 
 FIELDS = {f.name: f for f in dataclasses.fields(SamplingConfig)}
-DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_BATCH_SIZE = 8
 _INT = re.compile(r"^[+-]?\d+$")
-
-
-class ModelArgsError(ValueError):
-    """A bad ``--model_args`` value; the message names the key and the fix."""
 
 
 def _bad(name: str, value: Any, want: str) -> ModelArgsError:

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import check_output
 from rpt.evaluation.intervals import LEVEL, MIN_N, interval_or_none
 from rpt.result_files import save_figure, write_json, write_markdown
 
@@ -80,10 +82,7 @@ def _data_dir(args) -> list[str]:
 def check_args(args: argparse.Namespace) -> None:
     """Every flag of ``eval/table1.py`` before the first run: one ``ValueError`` line naming the flag
     and the fix (a bad value would otherwise stop a benchmark run midway through the table)."""
-    from rpt.devices import check_device  # late: torch, only the script needs it
-    from rpt.training.preflight import check_output_dir  # late: the config stack, only the script needs it
-
-    check_output_dir(args.out, "--out")  # a folder: an existing file is refused, not overwritten
+    check_output(args.out, "--out", directory=True)  # a folder: an existing file is refused, not overwritten
     rules = [("--windows", args.windows, lambda w: w >= 2, "RPT revisits at least one previous token: use w >= 2 "
               "(the paper: 2, and 3 in App. B.1)"),
              ("--rpt-iters", args.rpt_iters, lambda k: k >= 0, "use k >= 0 (0 = NTP)"),

@@ -6,10 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rpt.append_log import NotAJSONObject, json_object_lines
-
-
-class EvalInputError(ValueError):
-    """Bad evaluation input: a missing file, a malformed line, a wrong or missing field."""
+from rpt.errors import EvalInputError
 
 
 def read_jsonl(

@@ -7,34 +7,21 @@ keys it sets replace the base's. Command-line overrides use dotted keys for nest
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from rpt.config_errors import ConfigError
+from rpt.errors import ConfigError, DataError
 from rpt.training.config_keys import (
     check_lora_section,
     check_model_keys,
     check_source_keys,
     check_tokenizer_keys,
 )
-
-
-def report_input_error(exc: Exception) -> int:
-    """The scripts' answer to bad input: one line on stderr (the traceback only with
-    ``RPT_TRACEBACK=1``); returns the exit code, 2."""
-    if os.environ.get("RPT_TRACEBACK"):
-        traceback.print_exc()
-    message = " ".join(str(exc).split())  # a library's multi-line message (transformers' are) as one line
-    print(f"error: {message} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-    return 2
 
 
 @dataclass
@@ -150,15 +137,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors (an unknown flag, a value of the wrong type) are one ``error: ...``
-    line and exit status 2, as every other bad input of the scripts."""
-
-    def error(self, message: str):
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
-
-
 def _load_yaml(path: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
     if os.path.isdir(path):
         raise ConfigError(f"config file {path} is a directory; pass --config configs/<name>.yaml")
@@ -268,8 +246,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
-    from rpt.data.errors import DataError  # late: rpt.data's __init__ imports torch
-    from rpt.data.sources import check_sources  # late: as above
+    from rpt.data.sources import check_sources  # late: rpt.data's __init__ imports torch
 
     try:
         check_sources(cfg.data, "data")

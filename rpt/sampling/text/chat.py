@@ -22,16 +22,14 @@ import argparse
 import os
 from collections.abc import Sequence
 
+from rpt.errors import ChatTemplateError
+
 CHAT_HELP = ("apply the tokenizer's chat template (add_generation_prompt=True) to each prompt, for "
              "instruction-tuned models; refused where the tokenizer has none")
 # The conversation require_chat_template renders before any model loads: one user turn.
 PROBE = ({"role": "user", "content": "Hello"},)
 # Where transformers reads a tokenizer's chat template from, in the order it prefers them.
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
-
-
-class ChatTemplateError(ValueError):
-    """A chat template that cannot be applied (one line: the tokenizer, the template, jinja's message)."""
 
 
 def add_chat_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, help_text: str = CHAT_HELP) -> None:

@@ -20,7 +20,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rpt.result_files import out_problem, save_figure, sibling, write_json, write_markdown
+from rpt.cli.output_paths import output_problem
+from rpt.cli.parser import report_input_error
+from rpt.errors import InputError
+from rpt.result_files import save_figure, sibling, write_json, write_markdown
 from rpt.studies import owned_dirs
 from rpt.studies.controlled import experiment as ctl
 from rpt.studies.controlled import hmm as hmm_lib
@@ -268,22 +271,21 @@ def run_controlled(args: argparse.Namespace) -> int:
         print("error: need --contexts >= 2, and --source together with --checkpoints", file=sys.stderr)
         return 2
     steps = [s for s in (args.pretrain_steps, args.finetune_steps, args.sweep_steps) if s is not None]
-    problem = out_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, (".md", ".png"))
+    problem = output_problem(SWEEP_OUT if args.sweep and args.out == DEFAULT_OUT else args.out, "--out",
+                             siblings=(".md", ".png"))
     work = Path(args.work)
     if problem is None and args.sweep and (work.exists() or work.is_symlink()) and not work.is_dir():
         problem = f"--work {work} is a file; name a directory for the sweep's source and runs"
     if problem is None and (args.parallel < 1 or (args.threads is not None and args.threads < 1) or min(steps, default=1) < 1):
         problem = "need --parallel >= 1, --threads >= 1 and step counts >= 1"
     if problem is not None:  # before a source is written or a model trained
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(problem), traceback_hint=False)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         return _run_checked(args, others_of(args) if not args.sweep else [])
     except (owned_dirs.ForeignDirectory, _BadCompare) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
 
 
 class _BadCompare(ValueError):

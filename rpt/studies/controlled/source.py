@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rpt.result_files import write_atomic
 from rpt.studies.controlled import hmm as hmm_lib
 
 EOS_TOKEN = "<|endoftext|>"
@@ -77,16 +78,12 @@ def symbol_tokenizer(vocab: int):
 
 def write_documents(path: str, rows: np.ndarray) -> None:
     """Token-id documents ``[n, T]`` as JSONL for ``train.py``: one line of symbols per document, atomically."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps({"text": " ".join(symbol(int(t)) for t in row)}) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps({"text": " ".join(symbol(int(t)) for t in row)}) + "\n" for row in rows))
 
 
 def write_tokenizer(path: str, vocab: int) -> None:
     """:func:`symbol_tokenizer` saved to ``path`` (written beside it, then renamed into place)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.tmp"  # a directory, not a file (write_atomic): renamed whole into place
     symbol_tokenizer(vocab).save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)
     os.rename(tmp, path)
@@ -117,7 +114,6 @@ def write_source(out_dir: str, design: Design) -> SourceFiles:
     write_documents(files.train, hmm_lib.sample(hmm, design.train_docs, design.doc_len, seed=design.hmm_seed + 1))
     write_documents(files.validation, hmm_lib.sample(hmm, design.val_docs, design.doc_len, seed=design.hmm_seed + 2))
     write_tokenizer(files.tokenizer, design.vocab)
-    with open(files.hmm, "w") as f:
-        json.dump({"design": design.to_dict(), "hmm": hmm.to_dict()}, f, indent=1)
+    write_atomic(files.hmm, json.dumps({"design": design.to_dict(), "hmm": hmm.to_dict()}, indent=1))
     return files
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.cli.parser import report_input_error
 from rpt.evaluation.batched_generation import load_checkpoint
 from rpt.evaluation.sweep import hub_snapshot
 from rpt.evaluation.user_jsonl import EvalInputError, read_jsonl
@@ -206,8 +206,7 @@ def run_error_analysis(args: argparse.Namespace) -> int:
             raise EvalInputError("the tokenizer produces ids beyond the model's vocabulary")
         store = ResultStore(args.out, fresh=args.fresh)
     except ValueError as exc:  # EvalInputError, or a corrupt resume file
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
     label = f"exact (V = {vocab})" if args.exact else (
         f"top-m (m = {min(args.top_m, vocab)} of V = {vocab}"
         + ("; unexplored pairs keep x_i)" if ptp_rule(args).confidence > 0 else ")"))

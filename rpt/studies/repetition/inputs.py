@@ -7,6 +7,8 @@ import hashlib
 import json
 import random
 
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
 from rpt.evaluation.user_jsonl import EvalInputError, read_jsonl
 from rpt.studies.repetition import study
 
@@ -15,10 +17,7 @@ FAMILIES = ("none", "repetition", "frequency", "lz", "rpt_lz")
 
 def check_args(args) -> None:
     """``eval/repetition.py``'s flags before the model loads: one :class:`EvalInputError` naming the flag."""
-    from rpt.devices import check_device  # late: torch, only the script's checks
-    from rpt.result_files import out_problem  # late: matplotlib, only the script needs it
-
-    problem = out_problem(args.out)
+    problem = output_problem(args.out, "--out", siblings=REPORT_SIBLINGS)
     if problem is not None:
         raise EvalInputError(problem)
     unknown = sorted(set(args.families) - set(FAMILIES))

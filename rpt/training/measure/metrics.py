@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from rpt.append_log import LogLines, check_increasing, json_object, read_log
+from rpt.result_files import write_atomic
 
 METRICS_ROLE = "the run's metrics log (one JSON object per logged step)"
 
@@ -41,11 +41,7 @@ class MetricsLog:
 
     def truncate_after(self, step: int) -> None:
         rows = [r for r in read_metrics(self.path) if r["step"] <= step]
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def write(self, row: dict[str, Any]) -> None:
         with open(self.path, "a") as f:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+from rpt.result_files import write_atomic
 from rpt.training.measure.metrics import read_metrics
 
 
@@ -18,11 +17,10 @@ def plot_loss_curves(metrics_path: str, out_png: str, title: str | None = None) 
     if not rows:
         return None
     fig = loss_curves_figure(rows, title)
-    os.makedirs(os.path.dirname(out_png) or ".", exist_ok=True)
-    tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out_png)
+    try:
+        write_atomic(out_png, lambda handle: fig.savefig(handle, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return out_png
 
 

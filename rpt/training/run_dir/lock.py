@@ -24,6 +24,7 @@ import time
 import uuid
 from typing import Any
 
+from rpt.result_files import write_atomic
 from rpt.training.config import ConfigError
 
 LOCK_NAME = "run.lock"
@@ -85,10 +86,7 @@ def _read(path: str) -> dict[str, Any] | None:
 
 
 def _write_replace(path: str, record: dict[str, Any]) -> None:
-    tmp = f"{path}.{record['token']}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record))
 
 
 def _describe(holder: dict[str, Any] | None) -> str:
@@ -152,8 +150,8 @@ def take_run_lock(output_dir: str, force: bool | None = None) -> None:
         now = time.time()
         record = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
                   "token": uuid.uuid4().hex, "started": now, "heartbeat": now}
-        tmp = f"{path}.{record['token']}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        tmp = f"{path}.{record['token']}.tmp"  # not write_atomic: link(2) of a complete file creates the lock,
+        with open(tmp, "w", encoding="utf-8") as f:  # failing where one exists, which os.replace would overwrite
             json.dump(record, f)
         try:
             for _ in range(5):

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from rpt.append_log import LogLines, check_increasing, read_log
+from rpt.result_files import write_atomic
 from rpt.training.config import TrainConfig
 from rpt.training.measure.metrics import read_metrics
 from rpt.training.run_dir.record import read_segments
@@ -152,10 +153,7 @@ class RunLog:
                       "per row of the metrics", flush=True)
                 planned = _planned_max_steps(os.path.dirname(self.path))
                 kept = {r["step"]: kept.get(r["step"]) or step_line(r, planned(r["step"])) for r in rows}
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(text + "\n" for text in kept.values())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(text + "\n" for text in kept.values()))
 
     def write(self, line: str) -> None:
         if not self.enabled:
@@ -169,10 +167,7 @@ class RunLog:
         """The start-up block: on stdout (bar or not) and in ``run_summary.txt`` (this start's)."""
         if not self.enabled:
             return
-        tmp = f"{self.summary_path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.replace(tmp, self.summary_path)
+        write_atomic(self.summary_path, "".join(line + "\n" for line in lines))
         print("\n".join(lines), flush=True)
 
 

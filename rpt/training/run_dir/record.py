@@ -19,6 +19,7 @@ import yaml
 
 from rpt.append_log import LogLines, json_object, read_log, read_text_file
 from rpt.checkpoint.directories import checkpoint_dirs, write_json_atomic
+from rpt.result_files import write_atomic
 from rpt.training.config import ConfigError, TrainConfig, yaml_error_text
 
 # Keys a resume may change: how long to train (upwards) and how often to log, evaluate and save.
@@ -142,10 +143,7 @@ def write_config_record(cfg: TrainConfig) -> None:
     path = os.path.join(cfg.output_dir, CONFIG_RECORD)
     if os.path.exists(path):
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
-    os.replace(tmp, path)
+    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 SEGMENTS_ROLE = "the run's record of its invocations (segments.jsonl)"
@@ -180,10 +178,7 @@ def append_segment(cfg: TrainConfig, start_step: int, changed: dict[str, tuple[A
                      "changed": {k: {"from": a, "to": b} for k, (a, b) in changed.items()}, **(split or {}),
                      "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     path = os.path.join(cfg.output_dir, SEGMENTS)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(s, default=str) + "\n" for s in segments)
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(s, default=str) + "\n" for s in segments))
 
 
 def copy_segments(output_dir: str, target: str) -> None:

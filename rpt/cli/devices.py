@@ -1,17 +1,43 @@
-"""The devices a run may name: ``train.py``, ``sample.py``, the evaluation scripts and the lm-eval model
-check a ``--device`` before anything is loaded, with one message."""
+"""The device and the weights' dtype a command runs with: ``--device`` checked against this machine
+before anything is loaded (``train.py``, ``sample.py``, the evaluation scripts, the lm-eval model), and
+``--dtype`` from the one list every entry point offers.
+
+torch is imported where a device is checked or a dtype resolved, not at import: ``--help`` of the
+entry points that list :data:`DTYPE_CHOICES` stays free of it.
+"""
 
 from __future__ import annotations
 
-import torch
-
 _DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+DTYPES = ("float32", "bfloat16", "float16")  # the weights' dtypes a model is loaded in
+DTYPE_CHOICES = ("auto", *DTYPES)  # --dtype: auto is bfloat16 on CUDA, float32 elsewhere
+
+
+def auto_device() -> str:
+    """cuda when this machine has it, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(name: str, device: str):
+    """The ``torch.dtype`` of ``name``: ``auto`` is bfloat16 on CUDA, float32 elsewhere."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if name not in DTYPE_CHOICES:
+        raise ValueError(f"--dtype {name} is not one of {', '.join(DTYPE_CHOICES)}")
+    return getattr(torch, name)
 
 
 def check_device(name: str, flag: str = "--device") -> str:
     """``name`` as a device this machine has (checked before anything is loaded): a string torch
     does not read, a kind of device no model runs on (``meta`` holds no values), or an absent
     accelerator is one ``ValueError`` naming ``flag``."""
+    import torch
+
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
