@@ -62,6 +62,10 @@ class ModelPath:
                 most[module] = max(most.get(module, 0), count)
         return most
 
+    def within(self, package: str) -> ModelPath:
+        """The chains' stops in ``package`` (a dotted prefix) only."""
+        return ModelPath({tuple(s for s in chain if s.module.startswith(package + ".")) for chain in self.chains})
+
     def longest(self) -> tuple[Stop, ...]:
         return max(self.chains, key=len, default=())
 
@@ -172,6 +176,7 @@ if __name__ == "__main__":
                                    (True, True, "everywhere the model goes")):
         traced = tiny_decodes_path(carrying, reach)
         print(f"{title}: {traced.summary()}")
+        print(f"  of which in rpt.sampling.decode: {traced.within('rpt.sampling.decode').summary().splitlines()[0]}")
         if verbose:
             for chain in sorted(traced.chains, key=len, reverse=True):
                 print("\n".join(f"    {s.module}.{s.function}" for s in chain) + "\n")

@@ -17,6 +17,8 @@ def test_every_decode_path_reaches_the_model_in_few_calls_entering_no_module_thr
     assert max(path.entries().values()) <= 2, path.summary()
     assert len(path.longest()) <= 8, path.summary()
     assert len(path.stops) <= 11, path.summary()
+    package = path.within("rpt.sampling.decode")  # generate, the driver's loop, a path's step, the block's call
+    assert len(package.longest()) <= 4, package.summary()
 
 
 def test_the_trace_counts_entries_per_chain_and_stops_only_to_the_model():
@@ -26,6 +28,7 @@ def test_the_trace_counts_entries_per_chain_and_stops_only_to_the_model():
     path = ModelPath({(a, b, Stop("m.a", "h"), b, Stop("m.a", "f2"))})
     assert path.entries() == {"m.a": 3, "m.b": 2}
     assert len(path.stops) == 4 and path.modules == {"m.a", "m.b"}
+    assert path.within("m").chains == path.chains and path.within("n").chains == {()}
     model = rpt_model(2)
     ids, _ = prompts(1)
     assert trace_model_path(lambda: model(ids), model, generate).chains == set()

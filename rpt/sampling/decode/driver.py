@@ -110,13 +110,14 @@ class Decoder:
         healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes + padding, W) \
             if any(prompts.prefixes) else None
         self.proposer = Proposer(config, W, self.state.seeds, pad_length=self.state.start_cols, healing=healing)
-        self.context = StepContext(config, self.traced, self.state, self.queries, self.proposer, self.device, W,
-                                self.last, self.plan.w, self.compile_backend, self.buffers.steps)
+        self.context = StepContext(config=config, traced=self.traced, state=self.state, queries=self.queries,
+                                   proposer=self.proposer, device=self.device, width=W, last=self.last,
+                                   window=self.plan.w, compile_backend=self.compile_backend, steps=self.buffers.steps)
         # after a sweep that changes nothing, x_n is redrawn from logits already known: feed that draw
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
-        # greedy or sampled k = 1 RPT: common steps batch-flat
-        self.flat = RPTPath(self.context, self) if rpt_path.eligible(inputs, streamer) else None
+        # greedy or sampled k = 1 RPT: common steps batch-flat (None: every step per row)
+        self.flat_rpt: RPTPath | None = RPTPath(self.context, self) if rpt_path.eligible(inputs, streamer) else None
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
@@ -363,13 +364,13 @@ class Decoder:
                 break
             if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
                 self._round(live, n)
-            elif self.flat is not None:  # common steps batch-flat until some row needs its program
-                n = self.flat.run(n)
+            elif self.flat_rpt is not None:  # common steps batch-flat until some row needs its program
+                n = self.flat_rpt.run(n)
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
         rows = [s.row for s in self.slots]
         # forward passes the algorithm made; the steps queued past an event ran the model for nothing
-        past_events = 0 if self.flat is None else self.flat.steps_past_events
+        past_events = 0 if self.flat_rpt is None else self.flat_rpt.steps_past_events
         stats = {"forward_passes": self.queries.calls - past_events, "corrections": sum(r.corrections for r in rows)}
         if past_events:
             stats["steps_past_events"] = past_events
