@@ -8,7 +8,7 @@ real vocabulary, at several batch sizes: the part of the step that crashed induc
 No model: a decode state (:class:`rpt.sampling.decode.state.DecodeState`, static buffers as a compiled
 decode's) with 64-token prompts, and random ``[B, w, V]`` logits with one clear maximum per query.
 For each sampling set-up (``--configs``: greedy; sampled k = 1 with top-k / top-p; greedy with the LZ
-and repetition penalties) and batch size, :func:`rpt.sampling.decode.rpt_step.step_tail` -- the NTP and
+and repetition penalties) and batch size, :func:`rpt.sampling.decode.rpt_path.step_tail` -- the NTP and
 PTP proposals with their processors, the NaN and event flags, the commit -- is compiled as the
 decode compiles its step (:func:`rpt.sampling.decode.compile_mode.compile_step`: on CUDA with inductor,
 ``mode="reduce-overhead"``, CUDA graphs), run three times (warm-up, capture, replay), checked against
@@ -36,7 +36,7 @@ from rpt.sampling.config import SamplingConfig
 from rpt.sampling.decode.compile_mode import compile_step
 from rpt.sampling.decode.contexts import RotatedContexts
 from rpt.sampling.decode.proposal_layout import ProposalLayout
-from rpt.sampling.decode.rpt_step import step_tail
+from rpt.sampling.decode.rpt_path import step_tail
 from rpt.sampling.decode.state import DecodeState
 from rpt.sampling.proposals import ntp_draws
 

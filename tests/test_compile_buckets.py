@@ -16,7 +16,7 @@ from torch._dynamo.testing import CompileCounter
 
 from rpt.decode_forward.queries import batch_bucket
 from rpt.sampling import SamplingConfig, generate, generate_reference
-from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode import ntp_path, rpt_path
 from rpt.sampling.decode.contexts import GrowingContexts
 from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
@@ -76,7 +76,7 @@ def test_rows_padded_to_their_bucket_decode_as_alone(model):
     another row: no inert row moves a real one; another confidence runs the same graph of the step."""
     cfg = SamplingConfig(max_new_tokens=6, rpt_iters=1, confidence=0.3, eos_token_id=[])
     ids, mask = prompts(3, (9, 5, 7), seed=3)
-    before = graphs_of(compiled_rpt._fixed_step)
+    before = graphs_of(rpt_path.fixed_common_step)
     compiled = generate(model, ids, cfg, attention_mask=mask, compile="eager")
     eager = generate(model, ids, cfg, attention_mask=mask)
     ref = generate_reference(model, ids, cfg, attention_mask=mask)
@@ -90,7 +90,7 @@ def test_rows_padded_to_their_bucket_decode_as_alone(model):
     other = dataclasses.replace(cfg, confidence=0.6)
     assert torch.equal(generate(model, ids, other, attention_mask=mask, compile="eager").sequences,
                        generate(model, ids, other, attention_mask=mask).sequences)
-    assert graphs_of(compiled_rpt._fixed_step) - before <= 1  # one graph for 3 and 4 rows, both confidences
+    assert graphs_of(rpt_path.fixed_common_step) - before <= 1  # one graph for 3 and 4 rows, both confidences
 
 
 def test_batch_sizes_and_knob_values_of_one_bucket_share_the_graphs(model):
@@ -98,7 +98,7 @@ def test_batch_sizes_and_knob_values_of_one_bucket_share_the_graphs(model):
     penalties, sampled NTP: one graph of the compiled step serves all four decodes (the knobs' values are
     tensors; which processors exist is the graph's), with the eager tokens (and the reference's once).
     Before, each batch size and each value was a graph."""
-    before = graphs_of(compiled_ntp.ntp_step)
+    before = graphs_of(ntp_path.ntp_step)
     for batch in (3, 4):
         ids = torch.randint(0, V, (batch, 6), generator=torch.Generator().manual_seed(batch))
         for temperature, top_p, penalty in ((0.7, 0.9, 1.2), (1.3, 0.8, 1.5)):
@@ -108,7 +108,7 @@ def test_batch_sizes_and_knob_values_of_one_bucket_share_the_graphs(model):
             assert torch.equal(out.sequences, generate(model, ids, cfg).sequences)
             if batch == 3 and temperature == 0.7:
                 assert torch.equal(out.sequences, generate_reference(model, ids, cfg).sequences)
-    assert graphs_of(compiled_ntp.ntp_step) - before == 1
+    assert graphs_of(ntp_path.ntp_step) - before == 1
 
 
 @pytest.mark.slow
@@ -130,6 +130,6 @@ def test_63_batch_sizes_and_two_temperatures_in_one_process(rpt_iters):
             assert "compile_fallback" not in out.stats
             if batch % 16 == 1:
                 assert torch.equal(out.sequences, generate(model, ids, cfg).sequences)
-    step = compiled_ntp.ntp_step if rpt_iters == 0 else compiled_rpt._fixed_step
+    step = ntp_path.ntp_step if rpt_iters == 0 else rpt_path.fixed_common_step
     assert graphs_of(step) == 16, graphs_of(step)  # one per bucket, both temperatures
     assert counter.frame_count <= 16 * 6, counter.frame_count  # with the prefills and per-row query buckets

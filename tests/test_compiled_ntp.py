@@ -1,4 +1,4 @@
-"""The compiled NTP step (``rpt/sampling/decode/compiled_ntp.py``): model call, processors and proposal in one
+"""The compiled NTP step (``rpt/sampling/decode/ntp_path.py``): model call, processors and proposal in one
 fixed-shape ``torch.compile`` region.
 
 Truths: the eager proposer on the growing context ``seqs[:, : n + 1]`` (for the rotated fixed-width
@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.compile_widths import Messages
 from rpt.sampling import SamplingConfig, generate, generate_reference
-from rpt.sampling.decode.compiled_ntp import propose_fixed
+from rpt.sampling.decode.ntp_path import propose_fixed
 from rpt.sampling.proposals import Proposer
 from tests.test_decoder import V, prompts, rpt_model
 

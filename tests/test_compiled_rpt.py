@@ -1,4 +1,4 @@
-"""The compiled common RPT step (``rpt/sampling/decode/compiled_rpt.py``): model call, NTP and PTP proposals with
+"""The compiled common RPT step (``rpt/sampling/decode/rpt_path.py``): model call, NTP and PTP proposals with
 their processors, and the event check in one fixed-shape ``torch.compile`` region.
 
 Truths: the eager decoder and the uncached reference (whole decodes: tokens, finish reasons, calls,
@@ -16,7 +16,7 @@ import torch
 from benchmarks.compile_widths import Messages
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from rpt.sampling.decode import compile_mode as step_compile
-from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode import ntp_path, rpt_path
 from rpt.sampling.decode.contexts import GrowingContexts, RotatedContexts
 from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.proposals import Proposer, block_proposals
@@ -34,13 +34,13 @@ class StepCalls:
 
     def __init__(self, monkeypatch):
         self.count = 0
-        real = compiled_rpt.CompiledRPTStep.__call__
+        real = rpt_path.CompiledRPTStep.__call__
 
         def counted(step, *args):
             self.count += 1
             return real(step, *args)
 
-        monkeypatch.setattr(compiled_rpt.CompiledRPTStep, "__call__", counted)
+        monkeypatch.setattr(rpt_path.CompiledRPTStep, "__call__", counted)
 
 
 @pytest.mark.parametrize("case", range(24))
@@ -153,7 +153,7 @@ def test_nan_logits_at_a_compiled_step_raise(monkeypatch, rpt_iters):
     """NaN logits first appearing at a compiled step (NTP's or RPT's, after the eager prefill) raise the
     decoder's error naming NaN, through the step's flags (no host read inside the step)."""
     model = rpt_model(2, seed=3).float()
-    step = compiled_rpt.CompiledRPTStep if rpt_iters else compiled_ntp.CompiledNTPStep
+    step = rpt_path.CompiledRPTStep if rpt_iters else ntp_path.CompiledNTPStep
     real, calls = step.__call__, []
 
     def poison_at_third_step(self, *args):

@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rpt.model import RPTForCausalLM
 from rpt.sampling import SamplingConfig, generate, generate_reference
 from rpt.sampling.decode import compile_mode as step_compile
-from rpt.sampling.decode import compiled_ntp, compiled_rpt
+from rpt.sampling.decode import ntp_path, rpt_path
 from rpt.sampling.decode.buffers import pooled, release_decode_buffers
 from tests.test_decoder import V
 
@@ -207,7 +207,7 @@ def test_every_tensor_the_compiled_step_reads_keeps_its_storage(models, monkeypa
     second decode compiles nothing new (it borrows the first one's pooled buffers)."""
     torch._dynamo.reset()
     backend = Addresses()
-    for step in (compiled_ntp.CompiledNTPStep, compiled_rpt.CompiledRPTStep):
+    for step in (ntp_path.CompiledNTPStep, rpt_path.CompiledRPTStep):
         real = step.__call__
 
         def recording(self, *args, _real=real):
@@ -245,7 +245,7 @@ def test_the_storage_test_sees_a_reallocated_input(models, monkeypatch):
 
     torch._dynamo.reset()
     backend = Addresses()
-    real = compiled_ntp.CompiledNTPStep.__call__
+    real = ntp_path.CompiledNTPStep.__call__
 
     def recording(self, *args):
         backend.recording = True
@@ -254,7 +254,7 @@ def test_the_storage_test_sees_a_reallocated_input(models, monkeypatch):
         finally:
             backend.recording = False
 
-    monkeypatch.setattr(compiled_ntp.CompiledNTPStep, "__call__", recording)
+    monkeypatch.setattr(ntp_path.CompiledNTPStep, "__call__", recording)
     monkeypatch.setattr(decoder, "borrow", lambda model, key, build: (build(), False))
     ids, mask = ragged(2)
     for _ in range(2):

@@ -20,7 +20,7 @@ def model():
 def per_row_driver(monkeypatch, model, ids, cfg, mask):
     """``generate`` with the batch-flat path switched off: the per-row driver of every config."""
     with monkeypatch.context() as m:
-        m.setattr(ntp_path, "eligible", lambda decoder: False)
+        m.setattr(ntp_path, "eligible", lambda inputs, streamer: False)
         return generate(model, ids, cfg, attention_mask=mask)
 
 
@@ -54,8 +54,8 @@ def test_ntp_path_equals_reference_and_per_row_driver(model, monkeypatch, case):
 def test_ntp_path_runs_for_plain_ntp_only(model, monkeypatch):
     """Taken for plain NTP; stop strings, healing, a streamer or RPT go through the per-row driver."""
     taken = []
-    real = ntp_path.run
-    monkeypatch.setattr(ntp_path, "run", lambda d: taken.append(1) or real(d))
+    real = ntp_path.NTPPath.run
+    monkeypatch.setattr(ntp_path.NTPPath, "run", lambda path: taken.append(1) or real(path))
     ids, mask = prompts(3)
     generate(model, ids, SamplingConfig(max_new_tokens=4), attention_mask=mask)
     assert taken == [1]

@@ -34,7 +34,7 @@ def flat_and_per_row_sends(monkeypatch, model, ids, cfg, mask):
 def per_row_driver(monkeypatch, model, ids, cfg, mask):
     """``generate`` with the batch-flat step switched off."""
     with monkeypatch.context() as m:
-        m.setattr(rpt_path, "eligible", lambda decoder: False)
+        m.setattr(rpt_path, "eligible", lambda inputs, streamer: False)
         return generate(model, ids, cfg, attention_mask=mask)
 
 
@@ -56,7 +56,7 @@ def test_flat_step_equals_reference_and_per_row_driver(models, monkeypatch, case
     free = generate(models[window], ids, SamplingConfig(max_new_tokens=12, eos_token_id=[]), attention_mask=mask)
     cfg = random_rpt_config(rng, window, eos=free.generated(0)[rng.randrange(6)])
     runs = []
-    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    monkeypatch.setattr(rpt_path.RPTPath, "run", lambda path, n, run=rpt_path.RPTPath.run: runs.append(n) or run(path, n))
     fast = generate(models[window], ids, cfg, attention_mask=mask)
     assert runs or cfg.max_new_tokens == 1  # the flat step ran (a 1-token decode has no step after the prefill)
     ref = generate_reference(models[window], ids, cfg, attention_mask=mask)
@@ -73,7 +73,7 @@ def test_corrections_and_stops_in_the_middle_hand_over_and_back(models, monkeypa
     ids, mask = prompts(3, lengths=(4, 10, 7), seed=1)
     cfg = SamplingConfig(max_new_tokens=24, rpt_iters=2, rpt_window=3, confidence=0.6, eos_token_id=[])
     runs = []
-    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    monkeypatch.setattr(rpt_path.RPTPath, "run", lambda path, n, run=rpt_path.RPTPath.run: runs.append(n) or run(path, n))
     fast = generate(models[3], ids, cfg, attention_mask=mask)
     ref = generate_reference(models[3], ids, cfg, attention_mask=mask)
     assert torch.equal(fast.sequences, ref.sequences)
@@ -153,7 +153,7 @@ def test_sampled_flat_step_equals_reference_and_per_row_driver(models, monkeypat
     if case % 3 != 2:  # an EOS the sampled decode meets: a token it settles on mid-way
         cfg.eos_token_id = generate(models[window], ids, cfg, attention_mask=mask).generated(0)[rng.randrange(1, 5)]
     runs = []
-    monkeypatch.setattr(rpt_path, "run", lambda d, n, run=rpt_path.run: runs.append(n) or run(d, n))
+    monkeypatch.setattr(rpt_path.RPTPath, "run", lambda path, n, run=rpt_path.RPTPath.run: runs.append(n) or run(path, n))
     fast = generate(models[window], ids, cfg, attention_mask=mask)
     assert bool(runs) == (k == 1)  # sampled k = 1 takes the flat step; k = 2 stays per row
     ref = generate_reference(models[window], ids, cfg, attention_mask=mask)

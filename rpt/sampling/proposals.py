@@ -62,7 +62,7 @@ def first_argmax(scores: torch.Tensor) -> torch.Tensor:
 def apply(procs: LogitsProcessorList, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``procs(context, scores)`` for processors that take those two arguments (all of ours): a plain
     loop, because ``LogitsProcessorList.__call__`` reads each processor's ``inspect.signature``, which
-    dynamo cannot trace (a graph break inside the compiled step, :mod:`rpt.sampling.decode.compiled_ntp`)."""
+    dynamo cannot trace (a graph break inside the compiled step, :mod:`rpt.sampling.decode.ntp_path`)."""
     for proc in procs:
         scores = proc(context, scores)
     return scores
@@ -146,7 +146,7 @@ class Proposer:
 @dataclass
 class CallProposals:
     """Every proposal of one decoder call, unpacked (:func:`call_proposals`): the common step reads its
-    parts as ``[batch]`` tensors (:mod:`rpt.sampling.decode.step_events`), the host their packed columns."""
+    parts as ``[batch]`` tensors (:func:`rpt.sampling.decode.rpt_path.settle_flags`), the host their packed columns."""
 
     bad: torch.Tensor  # [batch] bool: the row's logits hold NaN / inf
     top: torch.Tensor | None  # [batch, draws]: NTP draws for column n + 1 (keep_top)

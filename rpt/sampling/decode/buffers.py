@@ -57,7 +57,7 @@ class DecodeBuffers:
 
     queries: ModelQueries
     state: DecodeState
-    steps: dict = field(default_factory=dict)  # name -> compiled step (compiled_ntp / compiled_rpt)
+    steps: dict = field(default_factory=dict)  # name -> compiled step (ntp_path.CompiledNTPStep / rpt_path.CompiledRPTStep)
     lent: bool = False
     failure: RememberedFailure | None = None
 

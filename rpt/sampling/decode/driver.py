@@ -33,15 +33,18 @@ followed by a redraw of ``x_n`` whose value is known before the call (a keyed dr
 driver has, unless the sweep changes the prefix): the call feeds that value at column n instead of
 the current one, so its logits at n are already those the next position needs.
 
-**Batch-flat steps.** Plain NTP runs :mod:`rpt.sampling.decode.ntp_path` instead of this loop; greedy RPT
-(and sampled RPT with k = 1) hands its common steps (nobody corrects or stops) to :mod:`rpt.sampling.decode.rpt_path` whenever every
-row has settled a column, and gets the rows back, with the call already made, at the first event.
+**Batch-flat steps.** Plain NTP runs :class:`~rpt.sampling.decode.ntp_path.NTPPath` instead of this loop;
+greedy RPT (and sampled RPT with k = 1) hands its common steps (nobody corrects or stops) to
+:class:`~rpt.sampling.decode.rpt_path.RPTPath` whenever every row has settled a column, and gets the rows
+back, with the call already made, at the first event (:meth:`Decoder.flat_start`, :meth:`Decoder.hand_over`:
+what the path needs of this driver, :class:`~rpt.sampling.decode.rpt_path.PerRowDriver`). Both paths and
+this driver work on one :class:`~rpt.sampling.decode.step_context.StepContext`: the state, the model
+queries, the proposer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import torch
@@ -52,15 +55,14 @@ from rpt.decode_forward.queries import ModelQueries, batch_bucket, capacity_buck
 from rpt.sampling.algorithm import NTPRequest, Request, Row, decode_row
 from rpt.sampling.decode import ntp_path, rpt_path
 from rpt.sampling.decode.buffers import DecodeBuffers, borrow, buffers_key, give_back
-from rpt.sampling.decode.compiled_ntp import CompiledNTPStep
-from rpt.sampling.decode.compiled_rpt import CompiledRPTStep
-from rpt.sampling.decode.contexts import GrowingContexts
 from rpt.sampling.decode.inputs import DecodeInputs
+from rpt.sampling.decode.ntp_path import NTPPath
 from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.decode.query_block import Block, MadeCall, Pattern
 from rpt.sampling.decode.row_slot import Slot
-from rpt.sampling.decode.rpt_step import common_step
+from rpt.sampling.decode.rpt_path import RPTPath
 from rpt.sampling.decode.state import DecodeState
+from rpt.sampling.decode.step_context import StepContext
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposals import Proposer, block_proposals, ntp_draws, raise_nonfinite
 from rpt.sampling.text.healing import TokenHealingLogitsProcessor
@@ -69,13 +71,14 @@ WAIT, READY, BLOCKED = "wait", "ready", "blocked"
 
 
 class Decoder:
-    """One ``generate`` call: the rows' programs, the device state, the model queries."""
+    """One ``generate`` call: the rows' programs, the device state, the model queries. A context manager:
+    leaving it gives the borrowed buffers back (:meth:`close`)."""
 
     def __init__(self, model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
                  compile: bool | str | Callable):
         self.start = start
         self.config = config = inputs.config
-        self.input_ids, self.streamer = input_ids, streamer
+        self.inputs, self.input_ids, self.streamer = inputs, input_ids, streamer
         self.prompts = prompts = inputs.prompts
         self.budgets, self.plan, self.pad_id, self.seeds = inputs.budgets, inputs.plan, inputs.pad_id, inputs.seeds
         k = self.plan.k
@@ -107,12 +110,14 @@ class Decoder:
         healing = TokenHealingLogitsProcessor(prompts.vocab, prompts.prefixes + padding, W) \
             if any(prompts.prefixes) else None
         self.proposer = Proposer(config, W, self.state.seeds, pad_length=self.state.start_cols, healing=healing)
+        self.context = StepContext(config=config, traced=self.traced, state=self.state, queries=self.queries,
+                                   proposer=self.proposer, device=self.device, width=W, last=self.last,
+                                   window=self.plan.w, compile_backend=self.compile_backend, steps=self.buffers.steps)
         # after a sweep that changes nothing, x_n is redrawn from logits already known: feed that draw
         # at column n already, so the call that computes the sweep also gives the next position's NTP
         self.speculate = not config.greedy
-        self.flat = rpt_path.eligible(self)  # greedy or sampled k = 1 RPT: common steps batch-flat (rpt_path)
-        self.steps_past_events = 0  # compiled RPT steps queued after an event (they repeated its column)
-        self.queue_depth = 1 << 30  # compiled RPT steps to queue per read (rpt_path: capped per device)
+        # greedy or sampled k = 1 RPT: common steps batch-flat (None: every step per row)
+        self.flat_rpt: RPTPath | None = RPTPath(self.context, self) if rpt_path.eligible(inputs, streamer) else None
         self.slots = [self._slot(b, streamer) for b in range(len(prompts.rows))]
         self.writes: list[tuple[int, int, int]] = []
         self.guesses: list[tuple[int, int]] = []  # (row, token) fed at column n in place of x_n this call
@@ -158,6 +163,12 @@ class Decoder:
         lent, self._lent = self._lent, None
         if lent is not None:
             give_back(lent)
+
+    def __enter__(self) -> Decoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _slot(self, b: int, streamer) -> Slot:
         p = self.prompts
@@ -226,18 +237,12 @@ class Decoder:
         region = n + 1 - start
         return Block(region, lags, keep_top=region > 0 and n < self.last, keep_prev=keep_prev), chains
 
-    def to_device(self, values: list) -> torch.Tensor:
-        """A host list as a device tensor; on CUDA through pinned memory, so the copy does not wait for
-        the GPU (a copy from pageable memory synchronises the stream)."""
-        t = torch.tensor(values, dtype=torch.long)
-        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
-
     def apply_writes(self) -> None:
         if len(self.writes) <= 2 and self.device.type == "cpu":  # the common path: scalar writes are cheapest
             for b, c, token in self.writes:
                 self.state.seqs[b, c] = token
         elif self.writes:
-            w = self.to_device(self.writes)
+            w = self.context.to_device(self.writes)
             self.state.seqs[w[:, 0], w[:, 1]] = w[:, 2]
         self.writes.clear()
 
@@ -246,29 +251,15 @@ class Decoder:
         (one gather from ``seqs``, which mirrors them), and at column n a row's guess where it made one."""
         ids = self.state.seqs.index_select(1, pattern.src + n)
         if self.guesses:  # column n is the region's last query
-            g = self.to_device(self.guesses)
+            g = self.context.to_device(self.guesses)
             ids[g[:, 0], block.region - 1] = g[:, 1]
         return ids
-
-    def model_call(self, block: Block, pattern: Pattern, n: int) -> Callable:
-        """``call(ids, positions, columns, visibility, offsets, keep)``: the logits of a block's call at
-        column n (the eager calls: the cache up to the block's last scratch column)."""
-        plain = block.region == 1 and not block.lags and not self.state.ragged  # x_n alone sees every column
-
-        def call(ids, positions, write, vis, offsets, keep):
-            return self.queries(ids, positions, write, vis, kv_len=n + 1 + pattern.scratch, offsets=offsets,
-                                keep=keep, plain=plain)
-
-        return call
-
-    def _call(self, block: Block, ids: torch.Tensor, pattern: Pattern, n: int) -> torch.Tensor:
-        return self.model_call(block, pattern, n)(ids, *self.state.query_inputs(pattern, ids, n), pattern.keep)
 
     def _iterations(self, block: Block, chains: dict) -> torch.Tensor | None:
         """``[lags, batch]``: the RPT iteration keying each row's draw for each chain (0 where unused)."""
         if not block.lags or self.proposer.ptp_samples_greedy:  # argmax proposals draw nothing
             return None
-        return self.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(self.batch)]
+        return self.context.to_device([[chains[b][lag].it if lag in chains.get(b, {}) else 0 for b in range(self.batch)]
                                 for lag in block.lags])
 
     def _proposals(self, logits: torch.Tensor, ids: torch.Tensor, block: Block, layout: ProposalLayout,
@@ -277,8 +268,7 @@ class Decoder:
         caller moves it to the host with one transfer. The NTP proposal for n + 1 conditions on the token
         fed at column n (a row's guess, if it made one)."""
         fed = ids[:, block.region - 1] if block.keep_top else None
-        return block_proposals(GrowingContexts(self.proposer, self.state.seqs), logits, n, n - self.state.pads, fed,
-                               layout, its)
+        return block_proposals(self.context.contexts(), logits, n, n - self.state.pads, fed, layout, its)
 
     def _record(self, s: Slot, vals: list[int], block: Block, layout: ProposalLayout, n: int) -> None:
         """What the call fed for row s, and the NTP proposals it computed (``vals``: the row's of
@@ -309,29 +299,23 @@ class Decoder:
                 answers = layout.answers(vals[s.index])
                 self._send(s, [answers[r.lag] for r in s.requests])
 
-    def pattern(self, block: Block) -> Pattern:
-        patterns = self.state.patterns
-        pattern = patterns.get(block)
-        if pattern is None:
-            pattern = patterns[block] = Pattern(block, self.device, self.proposer.ntp_draws, self.state.static)
-        return pattern
-
     def _round(self, live: list[Slot], n: int) -> None:
         block, chains = self._plan(live, n)
         pending, self.pending = self.pending, None
         self.apply_writes()  # host-to-device copies first, while the device is idle
-        pattern = self.pattern(block)
-        if pending is not None and pending.n == n and pending.block.covers(block):  # rpt_path made this call
-            block, pattern = pending.block, self.pattern(pending.block)  # (with every lag of the window, compiled)
+        pattern = self.context.pattern(block)
+        if pending is not None and pending.n == n and pending.block.covers(block):  # the RPT path made this call
+            block, pattern = pending.block, self.context.pattern(pending.block)  # (with every lag of the window, compiled)
             vals = pending.vals
         else:
             ids, its = self._ids(pattern, block, n), self._iterations(block, chains)
-            vals = self._proposals(self._call(block, ids, pattern, n), ids, block, pattern.layout, its, n).tolist()
+            logits = self.context.logits(block, pattern, ids, n)
+            vals = self._proposals(logits, ids, block, pattern.layout, its, n).tolist()
         # padding rows of finished ones aside
         raise_nonfinite([s.index for s in live if vals[s.index][ProposalLayout.flag]])
         self._deliver(live, vals, block, pattern.layout, chains, n)
 
-    # ---- the common steps of the batch-flat paths (rpt_path, ntp_path) ------------------------------
+    # ---- the rows handed to the batch-flat RPT path and back (rpt_path.PerRowDriver) -----------------
     def flat_start(self, n: int) -> bool:
         """Where the batch-flat RPT path starts at column n (every live row has settled n): the rows'
         writes applied, and into the state which rows are live, their proposals for n + 1 (a finished
@@ -344,8 +328,8 @@ class Decoder:
         finished = [self.pad_id] * self.proposer.ntp_draws
         draws = [s.usable(n + 1, n) if on else finished for s, on in zip(self.slots, live)]
         padding = self.batch - len(self.slots)  # a batch bucket's inert rows: never alive
-        self.state.alive.copy_(self.to_device(live + [False] * padding).bool())
-        self.state.draws.copy_(self.to_device(draws + [finished] * padding))
+        self.state.alive.copy_(self.context.to_device(live + [False] * padding).bool())
+        self.state.draws.copy_(self.context.to_device(draws + [finished] * padding))
         self.state.n.fill_(n + 1)
         eos = set(self.config.eos_token_ids)
         return all(d[0] in eos or self.W - 1 + self.budgets[b] <= n + 1 for b, (d, on) in enumerate(zip(draws, live))
@@ -356,7 +340,7 @@ class Decoder:
         proposals for m (the state's ``draws``); ``block``: the call the path made at m, if it made one,
         whose proposals wait in the state (:attr:`pending`, which the per-row round at m reuses)."""
         s = self.state
-        parts = [s.seqs[:, :m], s.draws] + ([] if block is None else [s.pending_for(self.pattern(block).layout)])
+        parts = [s.seqs[:, :m], s.draws] + ([] if block is None else [s.pending_for(self.context.pattern(block).layout)])
         host = torch.cat(parts, 1).tolist()  # one transfer
         end = m + s.draws.shape[1]  # each host row: the layout before m, the draws, the call's proposals
         for slot in self.slots:
@@ -365,68 +349,11 @@ class Decoder:
                 slot.resume(row[:m], m, self.plan, row[m:end])
         self.pending = None if block is None else MadeCall(m, block, [row[end:] for row in host])
 
-    def common_block(self, n: int) -> Block:
-        """The block of a common step at column n: every row's ``x_n`` and one PTP chain per lag of the
-        window (lags ``1 .. min(w - 1, n - W)``)."""
-        return Block(1, tuple(range(1, min(self.plan.w - 1, n - self.W) + 1)), keep_top=n < self.last,
-                      keep_prev=False)
-
-    def common_step(self, m: int) -> Block:
-        """RPT's common step at column m (:func:`~rpt.sampling.decode.rpt_step.common_step`), in place on the
-        state. Compiled (:mod:`rpt.sampling.decode.compiled_rpt`), it carries every lag of the window at every
-        column (:attr:`compiled_rpt`) and reads its column from the state, not from m. Returns the call's
-        block."""
-        s = self.state
-        if self.compile_backend is not None:
-            step, block, pattern = self.compiled_rpt
-            step(s, self.traced, self.queries, pattern)
-            return block
-        block = self.common_block(m)
-        pattern = self.pattern(block)
-        common_step(s, self.config, m, pattern, GrowingContexts(self.proposer, s.seqs),
-                    self.model_call(block, pattern, m), s.pending_for(pattern.layout))
-        return block
-
-    @functools.cached_property
-    def compiled_rpt(self) -> tuple[CompiledRPTStep, Block, Pattern]:
-        """The compiled common step (built once per pooled buffers, warmed once per decode:
-        :meth:`CompiledRPTStep.warm`), its block at every column -- ``x_n``, its NTP logits, and a PTP
-        chain per lag of the window (``1 .. w - 1``; those reaching into the prompt are ignored), so that
-        one graph serves the whole decode -- and the block's pattern: looked up once per decode, not per
-        step."""
-        block = Block(1, tuple(range(1, self.plan.w)), keep_top=True, keep_prev=False)
-        pattern = self.pattern(block)
-        step = self.buffers.steps.get("rpt")
-        if step is None:
-            step = self.buffers.steps["rpt"] = CompiledRPTStep(self.compile_backend, self.device)
-        step.warm(self.state, self.config, pattern, self.queries.model.config.get_text_config(decoder=True).vocab_size,
-                  self.queries.dtype)
-        return step, block, pattern
-
-    def compiled_ntp_step(self, prefill: torch.Tensor) -> CompiledNTPStep | None:
-        """The compiled NTP step (None: an eager decode), built once per pooled buffers and warmed once
-        per decode on the prefill's logits ``[batch, V]`` (:meth:`CompiledNTPStep.warm`)."""
-        if self.compile_backend is None:
-            return None
-        step = self.buffers.steps.get("ntp")
-        if step is None:
-            step = self.buffers.steps["ntp"] = CompiledNTPStep(self.compile_backend, self.device)
-        step.warm(self.state, self.config, prefill)
-        return step
-
-    def ntp_logits(self, region: int, n: int) -> torch.Tensor:
-        """``[batch, 1, V]``: the logits at column n of a call feeding the rows' columns ``n - region + 1
-        .. n`` as NTP queries (the batch-flat NTP path's eager call, :mod:`rpt.sampling.decode.ntp_path`)."""
-        block = Block(region, (), keep_top=True, keep_prev=False)
-        pattern = self.pattern(block)
-        # a copy, not a view: a view's strides follow the layout's width, and compile guards on strides
-        ids = self.state.seqs[:, n - region + 1: n + 1].clone(memory_format=torch.contiguous_format)
-        return self._call(block, ids, pattern, n)
-
     # ---- the decode loop ---------------------------------------------------------------------------
     def run(self) -> GenerateOutput:
-        if ntp_path.eligible(self):  # plain NTP: all rows as tensors, no per-row Python per step
-            return ntp_path.run(self)
+        if ntp_path.eligible(self.inputs, self.streamer):  # plain NTP: all rows as tensors, no per-row Python per step
+            generated, reasons = NTPPath(self.context).run()
+            return self._output(generated, reasons, {"forward_passes": self.queries.calls, "corrections": 0})
         n = self.W - 1  # the column being settled (the prompts' last, to start: the prefill)
         live = list(self.slots)
         while live:
@@ -437,16 +364,19 @@ class Decoder:
                 break
             if any(self._state(s, n) == BLOCKED or s.usable(n + 1, n) is None for s in live):
                 self._round(live, n)
-            elif self.flat:  # common steps batch-flat (rpt_path) until some row needs its program
-                n = rpt_path.run(self, n)
+            elif self.flat_rpt is not None:  # common steps batch-flat until some row needs its program
+                n = self.flat_rpt.run(n)
             else:
                 n += 1  # every live row has settled column n and knows its proposal for n + 1
         rows = [s.row for s in self.slots]
         # forward passes the algorithm made; the steps queued past an event ran the model for nothing
-        stats = {"forward_passes": self.queries.calls - self.steps_past_events,
-                 "corrections": sum(r.corrections for r in rows)}
-        if self.steps_past_events:
-            stats["steps_past_events"] = self.steps_past_events
-        return assemble(self.input_ids, self.prompts, [r.generated for r in rows], [r.reason for r in rows],
-                        self.pad_id, stats, self.start, healed=self.config.token_healing, seeds=self.seeds)
+        past_events = 0 if self.flat_rpt is None else self.flat_rpt.steps_past_events
+        stats = {"forward_passes": self.queries.calls - past_events, "corrections": sum(r.corrections for r in rows)}
+        if past_events:
+            stats["steps_past_events"] = past_events
+        return self._output([r.generated for r in rows], [r.reason for r in rows], stats)
+
+    def _output(self, generated: list[list[int]], reasons: list[str], stats: dict) -> GenerateOutput:
+        return assemble(self.input_ids, self.prompts, generated, reasons, self.pad_id, stats, self.start,
+                        healed=self.config.token_healing, seeds=self.seeds)
 

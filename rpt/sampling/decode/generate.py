@@ -61,27 +61,22 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
     with torch.inference_mode():  # fewer per-op checks than no_grad; nothing here needs autograd
         start = time.perf_counter()
         inputs = prepare_decode(model, config, input_ids, attention_mask, tokenizer, streamer, row_seeds)
-        out = _decode(model, inputs, input_ids, streamer, start, compile)
+        if compile:
+            out = _compiled_decode(model, inputs, input_ids, streamer, start, compile)
+        else:
+            with Decoder(model, inputs, input_ids, streamer, start, False) as decoder:
+                out = decoder.run()
     out.sequences = out.sequences.clone()  # a normal tensor, so callers may edit it in place
     return out
 
 
-def _run(decoder: Decoder) -> GenerateOutput:
-    try:
-        return decoder.run()
-    finally:
-        decoder.close()
-
-
-def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
-            compile: bool | str | Callable) -> GenerateOutput:
-    """The decode; a compiled one that fails to compile, capture or replay (:mod:`rpt.decode_forward.compile_guard`)
+def _compiled_decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, start: float,
+                     compile: str | Callable | bool) -> GenerateOutput:
+    """The compiled decode; one that fails to compile, capture or replay (:mod:`rpt.decode_forward.compile_guard`)
     is decoded again eagerly from the prompt, with one warning and ``stats["compile_fallback"]`` (in
     strict mode the failure is raised). The failure is remembered by the bucket, keyed to its cause
     (:meth:`~rpt.sampling.decode.buffers.DecodeBuffers.skip`). Bad inputs are refused before any of
     this (:func:`~rpt.sampling.decode.inputs.prepare_decode`): they are never a compile failure."""
-    if not compile:
-        return _run(Decoder(model, inputs, input_ids, streamer, start, compile))
     watched = None if streamer is None else ReplayGuard(streamer)
     try:
         with decode_dynamo_settings():
@@ -104,6 +99,7 @@ def _decode(model, inputs: DecodeInputs, input_ids: torch.Tensor, streamer, star
         reason = str(failure)
     warnings.warn(f"generate(compile={compile!r}) could not run compiled ({reason}); this decode ran eagerly "
                   f"(set {STRICT_ENV}=1 to raise instead)", RuntimeWarning, stacklevel=4)
-    out = _run(Decoder(model, inputs, input_ids, None if watched is None else watched.restarted(), start, False))
+    with Decoder(model, inputs, input_ids, None if watched is None else watched.restarted(), start, False) as decoder:
+        out = decoder.run()
     out.stats["compile_fallback"] = reason
     return out

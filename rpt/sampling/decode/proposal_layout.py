@@ -2,9 +2,8 @@ r"""The column layout of a decoder call's proposals: one ``[batch, width]`` int6
 that the device hands every proposal and acceptance of the call to the host in one transfer.
 
 :func:`~rpt.sampling.proposals.block_proposals` writes it; the per-row driver
-(:mod:`rpt.sampling.decode.driver`), the batch-flat common step (:mod:`rpt.sampling.decode.rpt_path`,
-:mod:`rpt.sampling.decode.compiled_rpt`) and its event check (:mod:`rpt.sampling.decode.step_events`) read it,
-all through the named columns here.
+(:mod:`rpt.sampling.decode.driver`) and the batch-flat common step with its event check, eager and
+compiled (:mod:`rpt.sampling.decode.rpt_path`), read it, all through the named columns here.
 """
 
 from __future__ import annotations

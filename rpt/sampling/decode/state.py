@@ -1,7 +1,7 @@
 r"""``DecodeState``: the device state of a decode as named tensors in static buffers.
 
-The batch-flat steps (:mod:`rpt.sampling.decode.ntp_path` / :mod:`rpt.sampling.decode.compiled_ntp` for NTP,
-:mod:`rpt.sampling.decode.rpt_path` / :mod:`rpt.sampling.decode.rpt_step` for RPT's common step) are functions
+The batch-flat steps (:mod:`rpt.sampling.decode.ntp_path` for NTP, :mod:`rpt.sampling.decode.rpt_path` for
+RPT's common step, eager and compiled) are functions
 of this state that write their results into it in place: the token layout, the step's column, which
 rows are done and where they end, the NaN flags and the pending proposals of the last call. A
 compiled (or CUDA-graph-replayed) step therefore reads and writes the same storage at every step,
