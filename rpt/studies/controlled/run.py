@@ -29,7 +29,7 @@ from rpt.studies.controlled.source import Design, SourceFiles, write_source
 from rpt.studies.sec3.errors import theory_curve
 from rpt.training.measure.metrics import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: train.py and configs/ live there
+ROOT = Path(__file__).resolve().parents[3]  # the repository: train.py and configs/ live there
 DEFAULT_OUT = "runs/controlled/controlled.json"
 PRETRAIN_CONFIG = "configs/controlled_pretrain.yaml"
 FINETUNE_CONFIG = "configs/controlled_finetune.yaml"
