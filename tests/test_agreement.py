@@ -481,37 +481,13 @@ def test_code_state_names_the_commit_and_whether_the_tree_differs(tmp_path):
 
 
 # ---- the decomposition and the two-way bootstrap --------------------------------------------------------------
-def test_two_way_bootstrap_variance_matches_the_crossed_design_formula():
-    """The two-way bootstrap's resampled means of x[s, c] = mu + a_s + b_c + e_sc (S seeds crossed with n
-    contexts) have variance var(a) / S + var(b) / n + var(e) / (S n), the population variances of the
-    two-way decomposition's parts (derived by hand: the drawn seeds and contexts are independent, and
-    e sums to 0 over each row and column). 40,000 resamples: a variance to about 1% (sd sqrt(2 / R))."""
-    from rpt.studies.bootstrap import bootstrap_ci_seeds_and_contexts, seeds_and_contexts_means
-
-    rng = np.random.default_rng(1)
-    s, n = 5, 60
-    x = 0.1 + rng.normal(0, 0.02, (s, 1)) + rng.normal(0, 0.05, (1, n)) + rng.normal(0, 0.03, (s, n))
-    a = x.mean(axis=1) - x.mean()
-    b = x.mean(axis=0) - x.mean()
-    e = x - x.mean() - a[:, None] - b[None, :]
-    exact = (a ** 2).mean() / s + (b ** 2).mean() / n + (e ** 2).mean() / (s * n)
-    means = seeds_and_contexts_means(x, resamples=40000, seed=2)
-    assert means.mean() == pytest.approx(x.mean(), abs=4 * math.sqrt(exact / 40000))
-    assert means.var() == pytest.approx(exact, rel=0.04)
-    lo, hi = bootstrap_ci_seeds_and_contexts(x, resamples=40000, seed=2)
-    assert [lo, hi] == pytest.approx(list(np.quantile(means, [0.025, 0.975])))
-    # one seed: only the contexts vary, as in the contexts-only bootstrap
-    one = seeds_and_contexts_means(x[:1], resamples=40000, seed=3)
-    assert one.var() == pytest.approx(x[0].var() / n, rel=0.04)
-
-
 def test_decomposition_of_constructed_results_by_hand():
     """gap = sampling + training per seed and per context; each effect's per-seed values, Student t interval and
     context intervals recomputed by hand from constructed per-context TVs; the recorded-means path (no
     per-context TVs) gives the same means and seed intervals."""
     from scipy.stats import t as student
 
-    from rpt.studies.bootstrap import bootstrap_ci
+    from rpt.statistics import bootstrap_ci
 
     rng = np.random.default_rng(4)
     seeds, n = [3, 1, 4], 50

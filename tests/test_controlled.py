@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
 from rpt.studies.controlled import experiment as ctl
 from rpt.studies.controlled import hmm as hmm_lib
 from rpt.studies.controlled import window_chain as wc
 from rpt.studies.controlled.model_conditionals import model_conditionals, model_conditionals_reference
 from rpt.studies.controlled.source import Design, write_source
 from rpt.studies.sec3.errors import sec3_errors, theory_curve
+from rpt.studies.tv_summary import summarise_tv
 from tests.scripts import load_script
 
 
@@ -186,15 +186,6 @@ def test_noise_model_prediction_favours_rpt_when_ptp_is_better(small_hmm):
 
 
 # ---- statistics ----------------------------------------------------------------------------------------
-def test_bootstrap_interval_matches_the_normal_one():
-    rng = np.random.default_rng(0)
-    x = rng.normal(1.0, 2.0, size=2000)
-    lo, hi = bootstrap_ci(x, resamples=4000, seed=1)
-    half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))
-    assert lo < x.mean() < hi
-    assert (hi - lo) / 2 == pytest.approx(half, rel=0.1)
-
-
 def test_summary_pairs_the_difference():
     """A constant improvement of 0.01 in every context gives a zero-width difference interval."""
     rng = np.random.default_rng(0)

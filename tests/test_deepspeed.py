@@ -41,15 +41,17 @@ def test_deepspeed_zero_trains_and_saves_on_cpu(tmp_path, stage, precision, clip
 def test_deepspeed_json_that_pins_another_setting_is_one_error():
     from rpt.training.config import ConfigError, TrainConfig
     from rpt.training.deepspeed_settings import apply_run_config
+    from rpt.training.micro_batch import fixed_split
 
     cfg = TrainConfig(model="x", data={"stdlib": {}}, precision="fp32", max_grad_norm=0.0, micro_batch_size=2, grad_accum=3)
     shipped = json.loads(open("configs/accelerate/ds_zero3.json").read())
-    apply_run_config(shipped, cfg, world_size=4)
+    apply_run_config(shipped, cfg, fixed_split(cfg, 4), world_size=4)
     assert shipped["bf16"]["enabled"] is False and shipped["fp16"]["enabled"] is False
     assert shipped["gradient_clipping"] == 0.0  # max_grad_norm: 0 turns DeepSpeed's clipping off too
     assert (shipped["train_micro_batch_size_per_gpu"], shipped["gradient_accumulation_steps"], shipped["train_batch_size"]) == (2, 3, 24)
     for pinned, key in (({"bf16": {"enabled": True}}, "bf16.enabled"), ({"gradient_clipping": 1.0}, "gradient_clipping"),
                         ({"train_micro_batch_size_per_gpu": 8}, "train_micro_batch_size_per_gpu")):
         with pytest.raises(ConfigError, match=rf"sets {key}=.* but the run's config key"):
-            apply_run_config(pinned, cfg, world_size=4)
-    apply_run_config({"bf16": {"enabled": True}}, TrainConfig(model="x", data={"stdlib": {}}, precision="bf16"), 1)
+            apply_run_config(pinned, cfg, fixed_split(cfg, 4), world_size=4)
+    bf16 = TrainConfig(model="x", data={"stdlib": {}}, precision="bf16")
+    apply_run_config({"bf16": {"enabled": True}}, bf16, fixed_split(bf16, 1), 1)

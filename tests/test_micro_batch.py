@@ -231,7 +231,7 @@ def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_p
     import rpt.training.loop
 
     cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2}, cache_dir=cache)
-    real = rpt.training.loop.split_record
+    real = Split.record
 
     def as_before(split, draws):
         record = real(split, draws)
@@ -240,7 +240,7 @@ def test_a_run_keyed_per_micro_batch_resumes_with_its_keying_and_its_split(tmp_p
         return record
 
     monkeypatch.setattr(rpt.training.loop, "DRAWS", LEGACY_DRAWS)
-    monkeypatch.setattr(rpt.training.loop, "split_record", as_before)
+    monkeypatch.setattr(Split, "record", as_before)
     assert train_main(cfg, f"output_dir={tmp_path / 'old'}") == 0
     assert train_main(cfg, f"output_dir={tmp_path / 'cut'}", "max_steps=2") == 0
     monkeypatch.undo()

@@ -1,6 +1,6 @@
 """A run's record is history: a later invocation of the same output_dir never rewrites config.yaml
 or final/, may change only the resumable keys (max_steps upwards), and records each segment.
-Its files read back (rpt/append_log.py, rpt/training/run_dir/files.py): a torn last line is dropped and said,
+Its files read back (rpt/append_log.py, rpt/training/run_dir/file_checks.py): a torn last line is dropped and said,
 damage anywhere else is one error naming the file and the line, train.log and metrics.jsonl agree
 about the steps after a resume, a directory where a record file goes is one line."""
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from rpt.studies import registration_check as guard
+from rpt.statistics import seeds_and_units_means
+from rpt.studies import preregistration as guard
 from rpt.studies.scaling import fits, report
 from rpt.studies.scaling import run as runner
 from rpt.studies.scaling import summary as study
@@ -81,12 +82,11 @@ def test_power_law_with_offset_recovers_its_parameters():
     assert fits.power_offset_value(fit, 1e7) == pytest.approx(3.0 + 40.0 * 1e7 ** -0.3, abs=1e-3)
 
 
-def test_replicate_means_spread_is_the_standard_error_and_ratios_weight_tokens():
-    rng = np.random.default_rng(1)
-    values = rng.normal(0.0, 1.0, size=(1, 400))
-    reps = fits.replicate_means([fits.Measured.of_means(values)], 4000, seed=2)
-    assert reps.std() == pytest.approx(values.std() / math.sqrt(400), rel=0.1)  # bootstrap SE of a mean
-    assert reps.mean() == pytest.approx(values.mean(), abs=0.01)
+def replicates(sizes, resamples, seed):
+    return seeds_and_units_means([(m.num, m.den) for m in sizes], resamples, seed)
+
+
+def test_a_measured_mean_is_token_weighted():
     m = fits.Measured(np.array([[10.0, 1.0]]), np.array([[5.0, 1.0]]))
     assert m.mean() == pytest.approx(11.0 / 6.0)  # a token-weighted mean, as the trainer logs losses
 
@@ -101,11 +101,11 @@ def test_crossover_bootstrap_covers_the_known_crossover():
     truth = 0.05 - 0.02 * (log_n - 4.8)  # crosses zero at 7.3
     sizes = synthetic_sizes(log_n, truth)
     means = np.array([m.mean() for m in sizes])
-    c = fits.crossover_summary(log_n, means, fits.replicate_means(sizes, 1000, seed=3))
+    c = fits.crossover_summary(log_n, means, replicates(sizes, 1000, seed=3))
     lo, hi = c["log10_crossover_ci95"]
     assert lo < 7.3 < hi and c["share_no_crossover"] < 0.05 and c["where"].startswith("above the largest")
     flat = synthetic_sizes(log_n, np.full(5, 0.03), noise=0.5)
-    cf = fits.crossover_summary(log_n, np.array([m.mean() for m in flat]), fits.replicate_means(flat, 1000, seed=3))
+    cf = fits.crossover_summary(log_n, np.array([m.mean() for m in flat]), replicates(flat, 1000, seed=3))
     assert cf["log10_crossover_ci95"][1] is None and cf["share_no_crossover"] > 0.2  # no bound can be stated
 
 
@@ -115,7 +115,7 @@ def test_leave_largest_out_holds_on_the_line_and_fails_off_it():
     for shift, held in ((0.0, True), (0.05, False)):
         sizes = synthetic_sizes(log_n, truth + np.array([0, 0, 0, 0, shift]), noise=0.1)
         means = np.array([m.mean() for m in sizes])
-        r = fits.leave_largest_out(log_n, means, fits.replicate_means(sizes, 1000, seed=4))
+        r = fits.leave_largest_out(log_n, means, replicates(sizes, 1000, seed=4))
         assert r["held"] is held and r["predicted"] == pytest.approx(truth[-1], abs=0.01)
 
 
@@ -209,8 +209,8 @@ def test_guard_checks_the_protocol_by_content_and_before_the_result(tmp_path, mo
     files = ["docs/prereg.md", "cfg.yaml"]
 
     def refused() -> str:
-        with pytest.raises(guard.Refused) as err:
-            guard.check(repo, files, "docs/result.json", "FIX")
+        with pytest.raises(guard.NotPreregistered) as err:
+            guard.check_before_result(repo, files, "docs/result.json", "FIX")
         assert str(err.value).endswith("FIX")
         return str(err.value)
 
@@ -222,23 +222,23 @@ def test_guard_checks_the_protocol_by_content_and_before_the_result(tmp_path, mo
     _git(repo, "commit", "-q", "--allow-empty", "-m", "root")
     assert "in no commit" in refused()  # written, not committed
     _commit(repo, *files, message="register")
-    first = guard.check(repo, files, "docs/result.json", "FIX")
+    first = guard.check_before_result(repo, files, "docs/result.json", "FIX")
     assert set(first) == set(files) and all(len(r["commit"]) == 40 for r in first.values())
     (repo / "cfg.yaml").write_text("steps: 10\r\n")  # one byte differs: a line ending
     assert "cfg.yaml as it is now is in no commit" in refused()
     (repo / "cfg.yaml").write_text("steps: 11\n")
     _commit(repo, "cfg.yaml", message="protocol change before any result")
-    second = guard.check(repo, files, "docs/result.json", "FIX")
+    second = guard.check_before_result(repo, files, "docs/result.json", "FIX")
     assert second["cfg.yaml"]["commit"] != first["cfg.yaml"]["commit"]
     (repo / "docs/result.json").write_text("{}\n")
     _commit(repo, "docs/result.json", message="official result")
-    assert guard.check(repo, files, "docs/result.json", "FIX") == second  # a rerun after the result is fine
+    assert guard.check_before_result(repo, files, "docs/result.json", "FIX") == second  # a rerun after the result is fine
     (repo / "docs/prereg.md").write_text("prediction B\n")
     _commit(repo, "docs/prereg.md", message="edited after the result")
     assert "not before the official result" in refused()
     (repo / "docs/prereg.md").write_text("prediction A\n")  # back to the registered bytes
     _commit(repo, "docs/prereg.md", message="revert")
-    assert guard.check(repo, files, "docs/result.json", "FIX")["docs/prereg.md"] == first["docs/prereg.md"]
+    assert guard.check_before_result(repo, files, "docs/result.json", "FIX")["docs/prereg.md"] == first["docs/prereg.md"]
     monkeypatch.setattr(guard.shutil, "which", lambda name: None)
     assert "git is not installed" in refused()
 

@@ -24,17 +24,6 @@ def write_run(path: Path, sums, counts, batches=None) -> Path:
     return path
 
 
-def test_t_interval_by_hand():
-    # values 1 and 3: mean 2, sd sqrt(2), standard error 1, t(0.975, df 1) = 12.7062 (tables)
-    lo, hi = sd.t_interval([1.0, 3.0])
-    assert lo == pytest.approx(2 - 12.7062047, abs=1e-6) and hi == pytest.approx(2 + 12.7062047, abs=1e-6)
-    # three values: t(0.975, df 2) = 4.3027
-    x = [0.1, 0.2, 0.4]
-    half = 4.30265273 * np.std(x, ddof=1) / np.sqrt(3)
-    assert sd.t_interval(x) == pytest.approx([np.mean(x) - half, np.mean(x) + half], abs=1e-7)
-    assert sd.t_interval([0.5]) is None
-
-
 def test_mean_loss_is_token_weighted(tmp_path):
     run = sd.read_batches(write_run(tmp_path / "r", [[10.0, 3.0], [2.0, 1.0]], [[4, 1], [1, 1]]))
     assert sd.mean_loss(run, "ntp") == pytest.approx(12 / 5)  # not (2.5 + 2) / 2

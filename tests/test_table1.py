@@ -5,14 +5,12 @@ hand-made examples (published values and a brute-force inversion of the score te
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from statistics import NormalDist
 
 import pytest
 
 from rpt.evaluation import evalplus_scoring as plus
-from rpt.evaluation import intervals, table1
+from rpt.evaluation import table1
 from tests.eval_helpers import gsm8k_folder, long_context_checkpoint
 from tests.scripts import load_script
 
@@ -53,42 +51,6 @@ def test_rows_best_of_temperatures_and_relative_change():
     assert body[1][3] == "50.0 [29.9, 70.1], n = 20 (+25.0%)" and body[2][3] == "30.0 [14.5, 51.9], n = 20 (-25.0%)"
     assert body[1][5] == "25.0, n = 4: n too small (+25.0 pt)" and body[0][5] == "0.0, n = 4: n too small"
     assert "MBPP+" not in w2 and body[0][:3] == ["NTP", "", 0]
-
-
-@pytest.mark.parametrize("successes, n, low, high", [
-    # Newcombe (1998), Statistics in Medicine 17:857, Table I, method 3 (Wilson score, no continuity correction)
-    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0000, 0.1611), (1, 29, 0.0061, 0.1718)])
-def test_wilson_interval_equals_published_values(successes, n, low, high):
-    got = intervals.wilson(successes / n, n)
-    assert got == (pytest.approx(low, abs=5e-5), pytest.approx(high, abs=5e-5))
-
-
-@pytest.mark.parametrize("score, n", [(0.0, 10), (0.3, 17), (0.5, 164), (0.97, 378), (1.0, 40), (0.625, 1319)])
-def test_wilson_interval_is_where_the_score_test_accepts(score, n):
-    """Brute force: the Wilson interval is the set of p with |score - p| <= z sqrt(p (1 - p) / n);
-    its ends found by bisection on that inequality, not by the closed form."""
-    z = NormalDist().inv_cdf(0.975)
-
-    def accepted(p: float) -> bool:
-        return abs(score - p) <= z * math.sqrt(p * (1 - p) / n)
-
-    def edge(inside: float, outside: float) -> float:
-        for _ in range(100):
-            mid = (inside + outside) / 2
-            inside, outside = (mid, outside) if accepted(mid) else (inside, mid)
-        return inside
-
-    centre = min(max(score, 1e-12), 1 - 1e-12)  # the score itself is always accepted (p strictly inside (0, 1))
-    low = 0.0 if accepted(0.0) or score == 0.0 else edge(centre, 0.0)
-    high = 1.0 if accepted(1.0) or score == 1.0 else edge(centre, 1.0)
-    assert intervals.wilson(score, n) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
-
-
-def test_interval_needs_enough_problems():
-    assert intervals.interval_or_none(0.5, intervals.MIN_N - 1) is None
-    assert intervals.interval_or_none(0.5, intervals.MIN_N) == intervals.wilson(0.5, intervals.MIN_N)
-    with pytest.raises(ValueError, match="n >= 1"):
-        intervals.wilson(0.5, 0)
 
 
 @needs_evalplus

@@ -268,7 +268,7 @@ def test_an_unreadable_shard_or_log_is_named_at_opening(tmp_path, tokenizer):
     import tempfile
 
     from rpt.training.config import ConfigError
-    from rpt.training.run_dir.files import check_run_files
+    from rpt.training.run_dir.file_checks import check_run_files
 
     @contextlib.contextmanager
     def unprivileged():

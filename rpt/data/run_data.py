@@ -176,28 +176,32 @@ def open_store(cfg, split: str, tokenizer) -> TokenStore:
     return TokenStore(prepare_store(cfg, split, tokenizer, max_tokens=max_tokens, progress=False))
 
 
-def _stream_batches(cfg, tokenizer, rank: int, world_size: int):
+def _stream_batches(cfg, tokenizer, rank: int, world_size: int, micro_batch_size: int):
     sources, holdout = split_sources(cfg, "train")
     docs = documents(sources, holdout, cfg.val_fraction, cfg.seed)
     # The whole stream: PackedStream splits it by (rank, worker) and shuffles it itself, so that
     # the order is a function of (seed, epoch, position) and resumes exactly (rpt.data.rank_stream).
     stream = PackedStream(docs, tokenizer, cfg.seq_len + 1, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer,
                           rank=rank, world_size=world_size)
-    return StreamBatches(stream, cfg.micro_batch_size, cfg.data_workers, rank)
+    return StreamBatches(stream, micro_batch_size, cfg.data_workers, rank)
 
 
-def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1):
+def build_packed(cfg, split: str, tokenizer, rank: int = 0, world_size: int = 1, micro_batch_size: int | None = None,
+                 global_batch: int | None = None):
     """``split`` "validation": a :class:`PackedStore` (read with ``sequential``). ``split``
     "train": a source of micro-batches, ``micro_batch(step, micro)`` plus ``state_dict`` /
-    ``load_state_dict`` -- :class:`StoreBatches` or, for streamed text, ``StreamBatches``."""
+    ``load_state_dict`` -- :class:`StoreBatches` or, for streamed text, ``StreamBatches``, read in
+    micro-batches of ``micro_batch_size`` with ``global_batch`` sequences per step (the run's split,
+    ``rpt.training.micro_batch``; None: the config's ``micro_batch_size`` and ``global_batch``)."""
+    micro_batch_size = cfg.micro_batch_size if micro_batch_size is None else micro_batch_size
     sources, _ = split_sources(cfg, split)
     check_sources(sources, "data" if split == "train" or cfg.val_data is None else "val_data")
     if split == "train" and is_streaming(sources) and not is_token_store(sources):
-        return _stream_batches(cfg, tokenizer, rank, world_size)
+        return _stream_batches(cfg, tokenizer, rank, world_size, micro_batch_size)
     packed = PackedStore(open_store(cfg, split, tokenizer), cfg.seq_len + 1, cfg.seed)
     if split == "validation":
         return packed
-    return StoreBatches(packed, cfg.micro_batch_size, cfg.global_batch(world_size))
+    return StoreBatches(packed, micro_batch_size, cfg.global_batch(world_size) if global_batch is None else global_batch)
 
 
 def check_vocabulary(vocab: int, *datasets) -> None:

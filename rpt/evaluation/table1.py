@@ -2,7 +2,7 @@
 (k = 1, 2) at w = 2, plus the w = 3 rows of App. B.1, each the best over temperatures, with the
 relative change against k = 0 (the change in points where k = 0 scores 0); greedy PTP, confidence 0.9
 (the sampler's defaults). Every cell carries its number of problems ``n`` and a 95% Wilson interval
-(:mod:`rpt.evaluation.intervals`), or "n too small" below ``intervals.MIN_N`` problems.
+(:func:`rpt.statistics.wilson`), or "n too small" below ``rpt.statistics.MIN_N`` problems.
 
 The work is done by the benchmark scripts' skeleton (:func:`rpt.evaluation.benchmark_script.run`), one run
 per benchmark and window, each with its own ``--out`` (and so its own resumable store) under the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rpt.cli.devices import check_device
 from rpt.cli.output_paths import check_output
-from rpt.evaluation.intervals import LEVEL, MIN_N, interval_or_none
 from rpt.result_files import save_figure, write_json, write_markdown
+from rpt.statistics import LEVEL, MIN_N, wilson_or_none
 
 # (column title, benchmark key, score key in the benchmark's JSON)
 COLUMNS = (("HumanEval+", "humaneval_plus", "pass@1"), ("MBPP+", "mbpp_plus", "pass@1"),
@@ -134,7 +134,7 @@ def rows_from(outputs: dict[Run, dict]) -> list[dict]:
         for k, best in summary["best_of_temperatures"].items():
             key = (run.window if int(k) > 0 else 0, int(k))
             n = problems_of(summary, int(k), best["temperature"])
-            interval = None if n is None else interval_or_none(best[metric], n)
+            interval = None if n is None else wilson_or_none(best[metric], n)
             cells.setdefault(key, {"window": key[0] or None, "rpt_iters": int(k)})[title] = {
                 "score": best[metric], "temperature": best["temperature"], "n": n,
                 "interval": list(interval) if interval is not None else None}

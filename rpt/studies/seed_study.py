@@ -5,7 +5,7 @@ seed-to-seed spread, so the demo trains each arm with several seeds and reports,
 pair (e.g. RPT's NTP loss minus AR-F's, or RPT's PTP-1 minus its NTP):
 
 * ``per_seed``: the difference of seed s's two runs (arms paired by seed: the same data order);
-* ``ci95_seeds``: Student's t interval of the mean over seeds, ``mean +- t(S - 1) sd / sqrt(S)``:
+* ``ci95_seeds``: Student's t interval of the mean over seeds (:func:`rpt.statistics.t_interval`):
   what another set of training seeds would give (with 2 seeds t = 12.7: only a consistent
   difference resolves);
 * ``ci95_batches``: a paired percentile bootstrap over the validation batches (every run scores
@@ -20,11 +20,12 @@ Inputs are the per-batch CE sums and target counts the trainer writes after its 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from rpt.statistics import percentile_interval, t_interval
 
 KINDS = {"ntp": 0, "ptp_1": 1}
 
@@ -44,17 +45,6 @@ def mean_loss(batches: dict, kind: str) -> float:
     """The run's token-weighted mean loss of ``kind`` ("ntp" or "ptp_1"), as its metrics log it."""
     k = KINDS[kind]
     return float(batches["sum"][:, k].sum() / batches["count"][:, k].sum())
-
-
-def t_interval(values: Sequence[float], level: float = 0.95) -> list[float] | None:
-    """Student's t interval of the mean of ``values`` (None for fewer than two)."""
-    from scipy.stats import t
-
-    x = np.asarray(values, dtype=np.float64)
-    if len(x) < 2:
-        return None
-    half = float(t.ppf(0.5 + level / 2, len(x) - 1)) * float(x.std(ddof=1)) / math.sqrt(len(x))
-    return [float(x.mean()) - half, float(x.mean()) + half]
 
 
 def _paired(a: dict, b: dict) -> None:
@@ -80,8 +70,7 @@ def batch_interval(pairs: Sequence[tuple[dict, str, dict, str]], resamples: int 
             return run["sum"][idx, k].sum(1) / run["count"][idx, k].sum(1)
         diffs += resampled(b, ib) - resampled(a, ia)
     diffs /= len(pairs)
-    alpha = (1.0 - level) / 2.0
-    return [float(np.quantile(diffs, alpha)), float(np.quantile(diffs, 1.0 - alpha))]
+    return percentile_interval(diffs, level)
 
 
 def compare(a_runs: Sequence[dict], a_kind: str, b_runs: Sequence[dict], b_kind: str) -> dict:

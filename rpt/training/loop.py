@@ -34,8 +34,8 @@ from rpt.training.measure.metrics import (
     peak_memory_mb,
 )
 from rpt.training.measure.plotting import plot_loss_curves
-from rpt.training.micro_batch import check_split
-from rpt.training.run_dir.log import RunLog, fit_warmup, step_line, summary_lines
+from rpt.training.micro_batch import check_split, choose_split
+from rpt.training.run_dir.log import RunLog, step_line, summary_lines
 from rpt.training.run_dir.record import append_segment, write_config_record
 from rpt.training.run_dir.resume import check_same_data, plan_start
 from rpt.training.saving import restore, save_checkpoint, save_final
@@ -44,6 +44,7 @@ from rpt.training.setup import (
     build_optimizer,
     check_backend,
     configure_deepspeed,
+    fit_warmup,
     lr_lambda,
     make_accelerator,
     trained_precision,
@@ -53,9 +54,7 @@ from rpt.training.step import (
     DRAWS,
     LEGACY_DRAWS,
     LossMeter,
-    choose_split,
     make_batch,
-    split_record,
     stop_if_lock_lost,
     stop_if_not_finite,
     train_step,
@@ -97,17 +96,17 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg, accelerator.device)
     # Before prepare, which fixes DeepSpeed's micro-batch; the data is built for the split chosen.
-    split = choose_split(cfg, model, accelerator, deepspeed)
-    steps_cfg = dataclasses.replace(cfg, micro_batch_size=split.micro, grad_accum=split.accum)  # the split, as run
+    split = choose_split(cfg, model, accelerator, deepspeed)  # the micro-batch and accumulation, as run
+    global_batch = split.global_batch(world)
     accelerator.gradient_accumulation_steps = split.accum
     with accelerator.main_process_first():  # the main process writes token stores first
-        train = build_packed(steps_cfg, "train", tokenizer, rank, world)
+        train = build_packed(cfg, "train", tokenizer, rank, world, micro_batch_size=split.micro, global_batch=global_batch)
         val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
     # the tokens a data_position is a place in (a stream has no key); a resume over other tokens is refused
     data_key = train.data_key() if hasattr(train, "data_key") else None
     check_same_data(start, data_key, train)
     check_vocabulary(model.lm.get_input_embeddings().num_embeddings, train, val)  # before the first step
-    configure_deepspeed(accelerator, steps_cfg, model)
+    configure_deepspeed(accelerator, cfg, split, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
     # step it once per process); checkpointed as JSON (rpt.checkpoint.directories), never as a pickle.
@@ -122,20 +121,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
-    global_batch = steps_cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-    start_step, start_position = restore(accelerator, steps_cfg, start, train, scheduler, metrics_log)
+    start_step, start_position = restore(accelerator, cfg, start, train, scheduler, metrics_log, global_batch)
     run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
     backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if deepspeed
                else "DDP" if world > 1 else "single process")
-    run_log.summary(summary_lines(steps_cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
+    run_log.summary(summary_lines(cfg, split, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
                                   world=world, backend=backend, train=train, val=val, start_step=start_step,
-                                  start_position=start_position, warmup_note=warmup_note, split_note=split.line()))
+                                  start_position=start_position, warmup_note=warmup_note))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
     if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_dir.record)
         write_config_record(cfg)
-        append_segment(cfg, start_step, start.changed, start.checkpoint, split=split_record(split, draws))
+        append_segment(cfg, start_step, start.changed, start.checkpoint, split=split.record(draws))
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     if not sys.stderr.isatty():  # no bars in a captured log: train.log's lines say the same
@@ -192,7 +190,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         if saves:
             save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(),
-                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {}),
+                            {**split.record(draws), **({"data_key": data_key} if data_key else {}),
                              **({"data_files": train.stamps()} if hasattr(train, "stamps") else {})})
             speed.restart()
     bar.close()

@@ -54,10 +54,11 @@ def load_accelerator_state(accelerator, path: str) -> None:
             raise
 
 
-def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog) -> tuple[int, int]:
+def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog,
+            global_batch: int) -> tuple[int, int]:
     """Load the checkpoint ``start`` names (already verified and checked against the config by
     :func:`rpt.training.run_dir.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
-    ``(0, 0)``: no checkpoint)."""
+    ``(0, 0)``: no checkpoint). ``global_batch``: this run's sequences per step, said beside the checkpoint's."""
     path, state = start.checkpoint, start.state
     if not path:
         if accelerator.is_main_process and os.path.exists(metrics_log.path):
@@ -90,7 +91,7 @@ def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metri
     if accelerator.is_main_process:
         metrics_log.truncate_after(step)
         print(f"resumed from {path} at step {step} (data position {position})")
-        old_batch, batch = state.get("global_batch"), cfg.global_batch(accelerator.num_processes)
+        old_batch, batch = state.get("global_batch"), global_batch
         if old_batch is not None and old_batch != batch:
             print(f"the global batch changed from {old_batch} to {batch} samples (world size "
                   f"{state.get('world_size')} -> {accelerator.num_processes}): continuing at sample {position}")

@@ -1,4 +1,5 @@
-"""Building a run: the accelerator, the model, the optimizer and its schedule, the backend's checks.
+"""Building a run: the accelerator, the model, the optimizer and its schedule (a warmup longer than the
+run fitted to it), the backend's checks.
 
 Everything :func:`rpt.training.loop.run` makes before its first step, and the DeepSpeed and precision
 checks that refuse a backend the config cannot run, before any data or model is built.
@@ -18,6 +19,7 @@ from rpt.model.lora import add_lora
 from rpt.training.compiled_blocks import compile_blocks
 from rpt.training.config import ConfigError, TrainConfig
 from rpt.training.deepspeed_settings import apply_run_config, check_deepspeed_batch, engine_precision
+from rpt.training.micro_batch import Split
 
 PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
@@ -129,6 +131,18 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), **optimizer_kernel(device))
 
 
+def fit_warmup(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
+    """A warmup longer than the run shortened to the run (the rest of the schedule unchanged),
+    with the line that says so; ``(cfg, None)`` when it fits."""
+    if cfg.warmup_steps <= cfg.max_steps:
+        return cfg, None
+    import dataclasses
+
+    note = (f"warmup_steps {cfg.warmup_steps} is longer than the run (max_steps {cfg.max_steps}): warming up over "
+            f"all {cfg.max_steps} steps instead")
+    return dataclasses.replace(cfg, warmup_steps=cfg.max_steps), note
+
+
 def lr_lambda(cfg: TrainConfig):
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
@@ -142,7 +156,7 @@ def lr_lambda(cfg: TrainConfig):
     return factor
 
 
-def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) -> None:
+def configure_deepspeed(accelerator, cfg: TrainConfig, split: Split, model: RPTForCausalLM) -> None:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if zero_stage(accelerator) == 3:
         import deepspeed
@@ -154,7 +168,7 @@ def configure_deepspeed(accelerator, cfg: TrainConfig, model: RPTForCausalLM) ->
     if plugin is not None:
         # The run's config decides precision, clipping, micro-batch and accumulation (the
         # shipped JSONs say "auto"); a JSON value that disagrees is one error, not a silent override.
-        apply_run_config(plugin.deepspeed_config, cfg, accelerator.num_processes)
+        apply_run_config(plugin.deepspeed_config, cfg, split, accelerator.num_processes)
 
 
 def trained_precision(accelerator, model) -> str:

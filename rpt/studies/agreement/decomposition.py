@@ -22,8 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rpt.studies.bootstrap import bootstrap_ci, bootstrap_ci_seeds_and_contexts
-from rpt.studies.seed_study import t_interval
+from rpt.statistics import bootstrap_ci, bootstrap_ci_seeds_and_contexts, t_interval
 
 RPT_ARMS = ("rpt_q0.3", "rpt_q0.1")
 BASELINE = "ntp"

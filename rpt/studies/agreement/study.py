@@ -1,4 +1,4 @@
-"""Where RPT wins (issue 38): trained models on the agreement-pairs source, scored exactly, and the
+"""Where RPT wins: trained models on the agreement-pairs source, scored exactly, and the
 pre-registered predictions P1-P4 and the co-primary (docs/agreement_preregistration.md).
 
 Each model's exact sampled law of the next two tokens at k = 0 (NTP) and k = 1 (one eq. 4 sweep,
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rpt.statistics import bootstrap_ci, bootstrap_ci_seeds_and_contexts, t_interval
 from rpt.studies.agreement import decomposition
 from rpt.studies.agreement import source as ag
-from rpt.studies.bootstrap import bootstrap_ci, bootstrap_ci_seeds_and_contexts, summarise_tv
 from rpt.studies.controlled import theory_prediction as tt
 from rpt.studies.controlled import window_chain as wc
 from rpt.studies.controlled.model_conditionals import model_conditionals
 from rpt.studies.sec3.errors import mean_eps, sec3_errors
-from rpt.studies.seed_study import t_interval
+from rpt.studies.tv_summary import summarise_tv
 
 # (name, q): q None is the pure-NTP arm (objective ntp). Every arm: w = 2, s = 1, configs/agreement.yaml.
 ARMS: tuple[tuple[str, float | None], ...] = (("ntp", None), ("rpt_q0.3", 0.3), ("rpt_q0.1", 0.1))

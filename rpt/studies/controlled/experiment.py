@@ -13,7 +13,8 @@ This module holds one trained model against the truth (:func:`evaluate_model`), 
 the experiment over training seeds and its plot. Its pieces live beside it: the source design and
 its files for ``train.py`` (:mod:`rpt.studies.controlled.source`), the model queries
 (:mod:`rpt.studies.controlled.model_conditionals`), the Sec. 3 error measures and noise-model prediction
-(:mod:`rpt.studies.sec3.errors`) and the bootstrap intervals (:mod:`rpt.studies.bootstrap`).
+(:mod:`rpt.studies.sec3.errors`), the summary by RPT iteration (:mod:`rpt.studies.tv_summary`) and the
+bootstrap intervals (:mod:`rpt.statistics`).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.figure import Figure
 
-from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.statistics import bootstrap_ci
 from rpt.studies.controlled import hmm as hmm_lib
 from rpt.studies.controlled import window_chain as wc
 from rpt.studies.controlled.model_conditionals import model_conditionals
 from rpt.studies.controlled.source import Design
 from rpt.studies.sec3.errors import eps_ratios, sec3_errors
 from rpt.studies.sec3.synthetic import stationary
+from rpt.studies.tv_summary import summarise_tv
 
 
 # ---- one trained model against the truth ---------------------------------------------------------------

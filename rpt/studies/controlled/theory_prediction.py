@@ -1,4 +1,4 @@
-r"""Sec. 3's theory as a prediction (issue 20): crossovers from the truth alone, signs, the sweep's summary.
+r"""Sec. 3's theory as a prediction: crossovers from the truth alone, signs, the sweep's summary.
 
 The controlled source (:mod:`rpt.studies.controlled.experiment`) fixes the true conditionals of every
 context. Each *model of the error* says below which ``r = eps_p / eps_n`` (the PTP row error over
@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from rpt.studies.bootstrap import bootstrap_ci, summarise_tv
+from rpt.statistics import bootstrap_ci
 from rpt.studies.controlled import experiment as ctl
 from rpt.studies.controlled import window_chain as wc
 from rpt.studies.controlled.source import Design
 from rpt.studies.error_analysis.analysis import ETAS  # the same etas as the LM error analysis reports
 from rpt.studies.sec3.errors import eps_ratios, mean_eps, sec3_errors
+from rpt.studies.tv_summary import summarise_tv
 
 NOISE_WEIGHTS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
 SHRINK = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -148,7 +149,7 @@ def arm_entry(q: float | None, seed: int, result: dict, r_star: float, truth: ct
 
 def pooled_by_q(arms: Sequence[dict], tvs: dict) -> list[dict]:
     """Per arm (q), the seeds pooled: TV_0, TV_1 and TV_1 - TV_0 with intervals over contexts *and*
-    seeds (:func:`controlled.bootstrap_ci` on ``[S, n]``), and the seed-to-seed spread."""
+    seeds (:func:`rpt.statistics.bootstrap_ci` on ``[S, n]``), and the seed-to-seed spread."""
     out = []
     for q in dict.fromkeys(a["q"] for a in arms):
         tv = np.stack(tvs[q])  # [S, K, n]
@@ -370,7 +371,7 @@ def scores_entry(cond: wc.WindowConditionals, truth: ctl.Truth, iters: int = 1) 
             "acceptance": acceptance_by_eta(cond), "precondition": precondition(cond, truth.joint)}
 
 
-# ---- the three-level noise model (issue 38) ----------------------------------------------------------
+# ---- the three-level noise model --------------------------------------------------------------------
 # Eq. 33's construction applied to each of the three conditionals eq. 4 uses, each at its own level:
 #
 #     p^(a)   = (1 - e_m) p(a)   + e_m n(a)        the first token's marginal (NTP)

@@ -85,6 +85,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, SymmetricalLogLocator
 
 from rpt.decode_forward.queries import ModelQueries, Visibility
+from rpt.statistics import LEVEL, bootstrap_ci
 
 NTP_ROW, PTP1_ROW = 0, 1
 HISTOGRAM_BINS = 50
@@ -320,22 +321,7 @@ def sample_positions(doc_lengths: Sequence[int], min_context: int, limit: int | 
 
 
 # ---- summary and plot ------------------------------------------------------------------------------
-BOOTSTRAP_SAMPLES = 2000
-LEVEL = 0.95
-
-
-def bootstrap_ci(values: np.ndarray, statistic=np.mean, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
-                 level: float = LEVEL) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over positions (rows resampled with
-    replacement, the same rows for every column, so paired differences stay paired)."""
-    values = np.asarray(values, dtype=np.float64)
-    n = len(values)
-    if n < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    stats = np.array([statistic(values[rng.integers(0, n, n)]) for _ in range(samples)])
-    tail = (1.0 - level) / 2
-    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1.0 - tail))
+BOOTSTRAP_SAMPLES = 2000  # resamples of every interval over positions (rpt.statistics.bootstrap_ci)
 
 
 def proper_scores(probs: np.ndarray, sq: np.ndarray | None, accept: np.ndarray | None, seed: int = 0) -> dict:
@@ -347,11 +333,11 @@ def proper_scores(probs: np.ndarray, sq: np.ndarray | None, accept: np.ndarray |
         return out
     log = -np.log(np.clip(probs, 1e-300, None))
     out["log_score_by_iters"] = {str(k): float(log[:, k].mean()) for k in range(probs.shape[1])}
-    out["log_score_ci_by_iters"] = {str(k): list(bootstrap_ci(log[:, k], seed=seed)) for k in range(probs.shape[1])}
+    out["log_score_ci_by_iters"] = {str(k): bootstrap_ci(log[:, k], BOOTSTRAP_SAMPLES, seed) for k in range(probs.shape[1])}
     if sq is not None:
         brier = np.asarray(sq, dtype=np.float64) - 2.0 * probs + 1.0
         out["brier_by_iters"] = {str(k): float(brier[:, k].mean()) for k in range(probs.shape[1])}
-        out["brier_ci_by_iters"] = {str(k): list(bootstrap_ci(brier[:, k], seed=seed)) for k in range(probs.shape[1])}
+        out["brier_ci_by_iters"] = {str(k): bootstrap_ci(brier[:, k], BOOTSTRAP_SAMPLES, seed) for k in range(probs.shape[1])}
     if accept is not None:
         out["acceptance_by_eta"] = {str(eta): float(v) for eta, v in zip(ETAS, np.asarray(accept).mean(axis=0))}
     return out
@@ -385,7 +371,7 @@ def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.n
         "tv_by_iters": {str(k): float(eps[:, k].mean()) if n else float("nan") for k in range(probs.shape[1])},
         "tv_sem_by_iters": {str(k): float(eps[:, k].std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
                             for k in range(probs.shape[1])},
-        "tv_ci_by_iters": {str(k): list(bootstrap_ci(eps[:, k], seed=seed)) for k in range(probs.shape[1])},
+        "tv_ci_by_iters": {str(k): bootstrap_ci(eps[:, k], BOOTSTRAP_SAMPLES, seed) for k in range(probs.shape[1])},
         "bootstrap": {"samples": BOOTSTRAP_SAMPLES, "level": LEVEL, "over": "positions", "seed": seed},
     }
     summary.update(proper_scores(probs, sq, accept, seed))
@@ -397,9 +383,9 @@ def summarise(probs: np.ndarray, bound: np.ndarray | None = None, coverage: np.n
         change = eps[:, 1] - eps[:, 0]
         improved = (diff > 0).astype(np.float64)
         summary["tv_change_1_0"] = float(change.mean()) if n else float("nan")
-        summary["tv_change_1_0_ci"] = list(bootstrap_ci(change, seed=seed))
+        summary["tv_change_1_0_ci"] = bootstrap_ci(change, BOOTSTRAP_SAMPLES, seed)
         summary["frac_improved"] = float(improved.mean()) if n else float("nan")
-        summary["frac_improved_ci"] = list(bootstrap_ci(improved, seed=seed))
+        summary["frac_improved_ci"] = bootstrap_ci(improved, BOOTSTRAP_SAMPLES, seed)
         if bound is not None and n:
             summary["tv_change_1_0_bound"] = float(bound[:, 1].mean())
             summary["frac_improved_certain"] = float((diff - bound[:, 1] > 0).mean())

@@ -24,6 +24,7 @@ from rpt.evaluation.sweep import hub_snapshot
 from rpt.evaluation.user_jsonl import EvalInputError, read_jsonl
 from rpt.model.wrapper import RPT_CONFIG_NAME, RPT_TABLE_NAME
 from rpt.result_files import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.statistics import bootstrap_ci
 from rpt.studies.error_analysis import analysis as ea
 
 # Exact mode holds two [batch, V, V] float64 matrices; cap their size at about 1 GB.
@@ -138,7 +139,7 @@ def precondition(args: argparse.Namespace, model, docs: list[list[int]], positio
     loss = torch.cat(losses).numpy()
     return {"n_positions": len(loss), "ptp_head_loss": float(loss[:, 0].mean()), "ntp_implied_loss": float(loss[:, 1].mean()),
             "difference": float((loss[:, 0] - loss[:, 1]).mean()),
-            "difference_ci": list(ea.bootstrap_ci(loss[:, 0] - loss[:, 1], seed=args.seed)),
+            "difference_ci": bootstrap_ci(loss[:, 0] - loss[:, 1], ea.BOOTSTRAP_SAMPLES, args.seed),
             "head_beats_implied": bool(loss[:, 0].mean() < loss[:, 1].mean())}
 
 

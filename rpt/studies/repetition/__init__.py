@@ -1,1 +1,1 @@
-"""rpt.studies.repetition.metric."""
+"""Degenerate repetition: the detector, the study over samplers and penalties, and its inputs."""

@@ -1,1 +1,1 @@
-"""rpt.studies.scaling."""
+"""The pre-registered scaling study: its design, measures, fits, summary, report and runs."""

@@ -1,5 +1,6 @@
 """Trends against parameter count and their intervals: the two functional forms the scaling study
-fits, the crossover of a trend through zero, and the bootstrap over seeds and positions.
+fits, the crossover of a trend through zero, and the quantities the bootstrap over seeds and positions
+resamples.
 
 Forms (``x = log10 N``):
 
@@ -10,11 +11,12 @@ Forms (``x = log10 N``):
 The **crossover** of a log-linear trend is where it passes zero going down: ``x* = -a / b`` when
 ``b < 0``; with ``b >= 0`` the trend never turns negative as N grows and there is none (``inf``).
 
-**Bootstrap over seeds and positions** (:func:`replicate_means`): a quantity is measured per model
-on units (positions, or validation batches) shared by every model, as a ratio of sums
-``sum num / sum den`` (``den = 1``: a mean). One replicate draws, per size, the seeds with
-replacement and the units with replacement (the same units for every model: the positions are the
-same positions) and recomputes the per-size mean over the drawn seeds.
+**Bootstrap over seeds and positions** (:func:`rpt.statistics.seeds_and_units_means`): a quantity
+is measured per model on units (positions, or validation batches) shared by every model, as a ratio
+of sums ``sum num / sum den`` (``den = 1``: a mean), held per size as a :class:`Measured`. One replicate
+draws, per size, the seeds with replacement and the units with replacement (the same units for every
+model: the positions are the same positions) and recomputes the per-size mean over the drawn seeds;
+its intervals are order statistics of the replicates (:func:`rpt.statistics.order_statistic_interval`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rpt.studies.seed_study import t_interval
-
-LEVEL = 0.95
+from rpt.statistics import order_statistic_interval
 
 
 def log_linear(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -98,42 +98,15 @@ class Measured:
         return float(self.per_seed().mean())
 
 
-def replicate_means(sizes: Sequence[Measured], resamples: int, seed: int) -> np.ndarray:
-    """``[resamples, len(sizes)]``: per-size means under the bootstrap over seeds and units."""
-    rng = np.random.default_rng(seed)
-    out = np.empty((resamples, len(sizes)))
-    for j, m in enumerate(sizes):
-        s, n = m.num.shape
-        seeds = rng.integers(0, s, size=(resamples, s))
-        units = rng.integers(0, n, size=(resamples, n))
-        num = m.num[:, units].sum(axis=2)  # [s, resamples]: every seed on the drawn units
-        den = m.den[:, units].sum(axis=2)
-        ratio = (num / den).T  # [resamples, s]
-        out[:, j] = np.take_along_axis(ratio, seeds, axis=1).mean(axis=1)
-    return out
-
-
-def interval(values: np.ndarray, level: float = LEVEL) -> list[float]:
-    """Percentile interval; ``inf`` values count as larger than any finite one."""
-    alpha = (1.0 - level) / 2.0
-    # inverted_cdf: an order statistic, never an interpolation between two infinite values (nan)
-    return [float(np.quantile(values, q, method="inverted_cdf")) for q in (alpha, 1.0 - alpha)]
-
-
-def t_interval_of(values: Sequence[float], level: float = LEVEL) -> list[float] | None:
-    """Student's t interval over seeds (None for one seed)."""
-    return t_interval(values, level)
-
-
 def crossover_summary(log_n: np.ndarray, means: np.ndarray, reps: np.ndarray) -> dict:
     """The log-linear fit of the per-size means, its crossover ``N*`` with a bootstrap interval, and
     where the crossover lies against the measured range."""
     ab = log_linear(log_n, means)
     x = float(crossover(ab))
     rep_x = crossover(log_linear(log_n, reps))
-    lo, hi = interval(rep_x)
+    lo, hi = order_statistic_interval(rep_x)
     return {"form": "log-linear: y = a + b log10 N", "a": float(ab[0]), "b": float(ab[1]),
-            "b_ci95": interval(log_linear(log_n, reps)[:, 1]),
+            "b_ci95": order_statistic_interval(log_linear(log_n, reps)[:, 1]),
             "log10_crossover": x if math.isfinite(x) else None,
             "crossover_parameters": 10.0 ** x if math.isfinite(x) and x < 300 else None,
             "log10_crossover_ci95": [lo if math.isfinite(lo) else None, hi if math.isfinite(hi) else None],
@@ -158,7 +131,7 @@ def leave_largest_out(log_n: np.ndarray, means: np.ndarray, reps: np.ndarray) ->
     pred = float(log_linear(log_n[:-1], means[:-1]) @ [1.0, log_n[-1]])
     rep_pred = log_linear(log_n[:-1], reps[:, :-1]) @ np.array([1.0, log_n[-1]])
     diff = reps[:, -1] - rep_pred
-    ci = interval(diff)
-    return {"predicted": pred, "predicted_ci95": interval(rep_pred), "observed": float(means[-1]),
+    ci = order_statistic_interval(diff)
+    return {"predicted": pred, "predicted_ci95": order_statistic_interval(rep_pred), "observed": float(means[-1]),
             "observed_minus_predicted": float(means[-1] - pred), "difference_ci95": ci,
             "held": bool(ci[0] <= 0.0 <= ci[1])}

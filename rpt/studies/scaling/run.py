@@ -5,7 +5,7 @@ registered predictions written atomically.
 
 The official seeds (``seeds`` of ``configs/scaling.yaml``) run only the registered protocol and only
 when the pre-registration and the configs are, byte for byte, in a commit of this branch that
-precedes any committed official result (:mod:`rpt.studies.registration_check`); the registration
+precedes any committed official result (:func:`rpt.studies.preregistration.check_before_result`); the registration
 commits and the code's commit go into the results. Development uses other seeds.
 """
 
@@ -17,9 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rpt.result_files import save_figure, sibling, write_json, write_markdown
-from rpt.studies import registration_check
 from rpt.studies.controlled.run import ROOT, TrainJob, run_jobs
-from rpt.studies.registration_check import Refused
+from rpt.studies.preregistration import NotPreregistered, check_before_result, code_commit
 from rpt.studies.scaling import report
 from rpt.studies.scaling import summary as study
 from rpt.studies.scaling.design import CONFIG, Design, Model, plan
@@ -30,6 +29,10 @@ OFFICIAL_OUT = "docs/scaling.json"
 DEFAULT_WORK = "runs/scaling"
 
 __all__ = ["Refused", "run", "write_outputs", "is_official"]
+
+
+class Refused(Exception):
+    """A run the study will not do; the message is the one line to show."""
 
 
 def protocol_files(design: Design) -> list[str]:
@@ -47,7 +50,10 @@ def check_official(design: Design, seeds: Sequence[int], changed: bool, root: Pa
     if list(seeds) != list(design.seeds) or changed:
         raise Refused(f"the official seeds ({' '.join(map(str, design.seeds))}) run the registered protocol only: "
                       "no --seeds subset and no development options; for development use other --seeds")
-    return registration_check.check(root, protocol_files(design), OFFICIAL_OUT, fix)
+    try:
+        return check_before_result(root, protocol_files(design), OFFICIAL_OUT, fix)
+    except NotPreregistered as e:
+        raise Refused(str(e)) from None
 
 
 def prepare_corpus(design: Design, work: Path) -> str:
@@ -94,7 +100,7 @@ def run(design: Design, seeds: Sequence[int], work: Path, parallel: int = 2, cha
     official = is_official(design, seeds)
     dev = changed or sizes is not None or bool(extra_overrides) or tokenizer is not None or runner is not None
     registration = check_official(design, seeds, dev, root) if official else None
-    code = registration_check.code_commit(root)  # the code this run starts with (later commits do not count)
+    code = code_commit(root)  # the code this run starts with (later commits do not count)
     t0 = time.perf_counter()
     tokenizer = tokenizer or prepare_corpus(design, work)
     models = plan(design, seeds, work, tokenizer, sizes)

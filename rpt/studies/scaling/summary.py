@@ -12,7 +12,7 @@ losses, positions for the rest):
   (the share of positions with ``p_1 > p_0``, Fig. 6).
 
 Per size: the mean over seeds, Student's t interval over seeds, and the bootstrap interval over
-seeds and units (:func:`rpt.studies.scaling.fits.replicate_means`).
+seeds and units (:func:`rpt.statistics.seeds_and_units_means`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rpt.statistics import order_statistic_interval, seeds_and_units_means, t_interval
 from rpt.studies.scaling import fits
 from rpt.studies.scaling.measure import RULES
 
@@ -73,9 +74,9 @@ def summarise_quantity(name: str, params: np.ndarray, per_size: Sequence[fits.Me
     """Per size (mean, per seed, intervals), the fits on all sizes and on all but the largest."""
     log_n = np.log10(params)
     means = np.array([m.mean() for m in per_size])
-    reps = fits.replicate_means(per_size, resamples, seed)
+    reps = seeds_and_units_means([(m.num, m.den) for m in per_size], resamples, seed)
     sizes = [{"parameters": int(n), "mean": float(mu), "per_seed": [float(x) for x in m.per_seed()],
-              "ci95_seeds": fits.t_interval_of(m.per_seed()), "ci95": fits.interval(reps[:, j])}
+              "ci95_seeds": t_interval(m.per_seed()), "ci95": order_statistic_interval(reps[:, j])}
              for j, (n, mu, m) in enumerate(zip(params, means, per_size))]
     linear = fits.crossover_summary(log_n, means, reps)
     out = {"form": forms()[name], "sizes": sizes, "log_linear": linear,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpt.append_log import LogLines, check_increasing, read_log
 from rpt.result_files import write_atomic
@@ -19,17 +19,8 @@ from rpt.training.config import TrainConfig
 from rpt.training.measure.metrics import read_metrics
 from rpt.training.run_dir.record import read_segments
 
-
-def fit_warmup(cfg: TrainConfig) -> tuple[TrainConfig, str | None]:
-    """A warmup longer than the run shortened to the run (the rest of the schedule unchanged),
-    with the line that says so; ``(cfg, None)`` when it fits."""
-    if cfg.warmup_steps <= cfg.max_steps:
-        return cfg, None
-    import dataclasses
-
-    note = (f"warmup_steps {cfg.warmup_steps} is longer than the run (max_steps {cfg.max_steps}): warming up over "
-            f"all {cfg.max_steps} steps instead")
-    return dataclasses.replace(cfg, warmup_steps=cfg.max_steps), note
+if TYPE_CHECKING:  # the annotation only: the split's module loads torch
+    from rpt.training.micro_batch import Split
 
 
 def count_parameters(model) -> tuple[int, int]:
@@ -57,13 +48,12 @@ def _source(cfg: TrainConfig) -> str:
     return str(cfg.model)
 
 
-def summary_lines(cfg: TrainConfig, model, *, device: Any, precision: str, world: int, backend: str,
-                  train, val, start_step: int, start_position: int, warmup_note: str | None,
-                  split_note: str | None = None) -> list[str]:
-    """The start-up block: model, parameters, device, precision, world size, tokens per step,
-    data, schedule, where the run starts."""
+def summary_lines(cfg: TrainConfig, split: Split, model, *, device: Any, precision: str, world: int, backend: str,
+                  train, val, start_step: int, start_position: int, warmup_note: str | None) -> list[str]:
+    """The start-up block: model, parameters, device, precision, world size, tokens per step (the run's
+    ``split``), data, schedule, where the run starts."""
     total, trainable = count_parameters(model)
-    global_batch = cfg.global_batch(world)
+    global_batch = split.global_batch(world)
     objective = (f"rpt (window {cfg.window}, s {cfg.s}, q {cfg.q})" if cfg.objective == "rpt" else "ntp")
     schedule = f"lr {cfg.lr:g}, warmup {cfg.warmup_steps} steps, {cfg.schedule}"
     if cfg.schedule != "constant":
@@ -72,10 +62,10 @@ def summary_lines(cfg: TrainConfig, model, *, device: Any, precision: str, world
         f"run: {cfg.output_dir} -- objective {objective}, model {_source(cfg)}",
         f"parameters: {total:,} total, {trainable:,} trainable",
         f"device: {device} x {world} process{'es' if world > 1 else ''} ({backend}), precision {precision}",
-        f"tokens per step: {global_batch * cfg.seq_len:,} (micro-batch {cfg.micro_batch_size} x accumulation "
-        f"{cfg.grad_accum} x {world} process{'es' if world > 1 else ''} x {cfg.seq_len} tokens); "
+        f"tokens per step: {global_batch * cfg.seq_len:,} (micro-batch {split.micro} x accumulation "
+        f"{split.accum} x {world} process{'es' if world > 1 else ''} x {cfg.seq_len} tokens); "
         f"{cfg.max_steps} steps",
-        *([split_note] if split_note else []),
+        *([split.line()] if split.line() else []),
         f"data: train {_sequences(train)}" + (f", validation {_sequences(val)} ({cfg.eval_batches} batches every "
                                               f"{cfg.eval_every} steps)" if val is not None else ", no validation"),
         f"schedule: {schedule}",
@@ -142,7 +132,7 @@ class RunLog:
         """Drop the lines of steps after ``step`` (a killed run logged past its checkpoint), and make
         the rest agree with ``metrics.jsonl`` (already cut back to ``step``), one line per row: a line
         lost to a kill between the two writes is written again from its row, a line without a row goes."""
-        log = read_train_log(self.path)  # a torn last line is dropped here (rpt.training.run_dir.files said so at start-up)
+        log = read_train_log(self.path)  # a torn last line is dropped here (rpt.training.run_dir.file_checks said so at start-up)
         kept = {s: text for s, text in log.items if s <= step}
         metrics = os.path.join(os.path.dirname(self.path), "metrics.jsonl")
         if os.path.exists(metrics):  # without it there is nothing to agree with: the lines are kept

@@ -1,8 +1,9 @@
-"""A run's record is history: what a later invocation of the same ``output_dir`` may change.
+"""The run's record, and what a later invocation of the same ``output_dir`` may change.
 
 ``config.yaml`` is written once, by the invocation that starts the run, and never rewritten;
 ``final/training_config.yaml`` describes the weights beside it. A resume may change only
-:data:`RESUMABLE_KEYS` (``max_steps`` only upwards); every invocation that trains appends a
+:data:`RESUMABLE_KEYS` (``max_steps`` only upwards) and, keeping the global batch, the split's
+:data:`SPLIT_KEYS` (:func:`check_split_change`); every invocation that trains appends a
 *segment* to ``segments.jsonl`` (the step it starts from and the keys it changed), so the record
 says how the weights were trained. Any other difference from the checkpoint's saved config is
 refused with one line naming the keys; a finished run is not re-entered.

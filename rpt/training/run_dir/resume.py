@@ -2,7 +2,7 @@
 
 Decided before the data, the model or the optimizer is built, so a refused resume costs nothing
 and writes nothing. The main process first takes the output directory's lock (:mod:`rpt.training.run_dir.lock`)
-and checks the run's own files (:mod:`rpt.training.run_dir.files`). Every process reaches the same decision:
+and checks the run's own files (:mod:`rpt.training.run_dir.file_checks`). Every process reaches the same decision:
 the manifest is verified by the main process (hashing a large checkpoint once, not once per rank)
 and its verdict broadcast, so no rank loads a checkpoint another refused (a rank left alone in a
 collective would hang).
@@ -16,7 +16,7 @@ from typing import Any
 
 from rpt.checkpoint.directories import CheckpointError, latest_checkpoint, read_trainer_state, verify_manifest
 from rpt.training.config import ConfigError, TrainConfig
-from rpt.training.run_dir.files import check_run_files
+from rpt.training.run_dir.file_checks import check_run_files
 from rpt.training.run_dir.lock import take_run_lock
 from rpt.training.run_dir.record import check_fresh_start, check_resume, check_split_change
 from rpt.training.step import LEGACY_DRAWS
