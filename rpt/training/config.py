@@ -102,7 +102,7 @@ class TrainConfig:
     seed: int = 0
     # how the RPT objective's permutation draws are keyed (rpt.training.step): "sequence" (per sequence of
     # the global batch; the split does not change what is trained) or "micro_batch" (per global
-    # micro-batch, how runs were keyed before: what studies registered then reproduce with); None:
+    # micro-batch: how a checkpoint that records no keying was trained; the registered studies' runs); None:
     # "sequence" for a new run, the checkpoint's keying for a resume
     draws: str | None = None
     precision: str = "fp32"  # fp32 | bf16 | fp16

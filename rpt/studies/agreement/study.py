@@ -1,4 +1,4 @@
-"""Where RPT wins (issue 38): trained models on the agreement-pairs source, scored exactly, and the
+"""Where RPT wins: trained models on the agreement-pairs source, scored exactly, and the
 pre-registered predictions P1-P4 and the co-primary (docs/agreement_preregistration.md).
 
 Each model's exact sampled law of the next two tokens at k = 0 (NTP) and k = 1 (one eq. 4 sweep,
