@@ -1,4 +1,4 @@
-"""Where RPT wins: the pre-registered agreement-pairs study (issue 38, docs/agreement_preregistration.md).
+"""Where RPT wins: the pre-registered agreement-pairs study (docs/agreement_preregistration.md).
 
     python eval/agreement.py                                   # the official run: seeds 0-4, source seed 0
     python eval/agreement.py --source-seed 1 --seeds 10 11 --steps 200   # development

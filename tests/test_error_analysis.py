@@ -391,7 +391,7 @@ def test_script_bad_input_is_one_error_line(checkpoint, tmp_path, capsys, bad):
     assert not (tmp_path / "o.json").exists()
 
 
-# ---- proper scores, acceptance and the precondition (issue 20) ---------------------------------------
+# ---- proper scores, acceptance and the precondition ------------------------------------------------
 @torch.no_grad()
 def _naive_tables(model, context):
     vocab = model.config.vocab_size

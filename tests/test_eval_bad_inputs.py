@@ -54,7 +54,7 @@ BAD_RECORDS = {
 
 
 # every kind on HumanEval; on the EvalPlus scripts (each load reads its whole data file) the ids
-# that used to fail as "unhashable" and a non-UTF-8 line
+# that are not hashable (a list, a mapping) and a non-UTF-8 line
 CASES = [(*s.values, kind) if not s.marks else pytest.param(*s.values, kind, marks=s.marks, id=f"{s.id}-{kind}")
          for s in SCRIPTS for kind in sorted(BAD_RECORDS)
          if s.id == "humaneval" or kind in ("task_id a list", "task_id a dict", "not UTF-8")]

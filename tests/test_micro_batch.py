@@ -265,14 +265,14 @@ def test_tiny_config_states_its_global_batch_and_auto_refuses_a_fixed_accumulati
 
 
 def test_the_config_names_the_keying_a_new_run_trains_with_and_a_resume_keeps_its_own(tmp_path, capsys, monkeypatch, cache):
-    """``draws: micro_batch`` trains a new run exactly as runs were keyed before (the losses of the trainer
-    whose only keying that was) and records it; a resume with ``draws`` unset continues with the
+    """``draws: micro_batch`` trains a new run exactly as a trainer whose default keying is per micro-batch
+    (its losses, bit for bit) and records it; a resume with ``draws`` unset continues with the
     checkpoint's keying, and one naming another keying is refused in one line."""
     import rpt.training.loop
 
     cfg = write_config(tmp_path, **{**FAST, "global_batch_size": None, "grad_accum": 2, "max_steps": 2}, cache_dir=cache)
     assert train_main(cfg, f"output_dir={tmp_path / 'keyed'}", f"draws={LEGACY_DRAWS}") == 0
-    monkeypatch.setattr(rpt.training.loop, "DRAWS", LEGACY_DRAWS)  # the trainer before the per-sequence keying
+    monkeypatch.setattr(rpt.training.loop, "DRAWS", LEGACY_DRAWS)  # a trainer whose default keying is per micro-batch
     assert train_main(cfg, f"output_dir={tmp_path / 'old'}") == 0
     monkeypatch.undo()
     assert losses(tmp_path / "keyed") == losses(tmp_path / "old")  # bit for bit

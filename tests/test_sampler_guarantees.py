@@ -1,5 +1,5 @@
 """What ``generate`` promises beside token equality: seeds that share no draws, HF's default EOS,
-sliding-window models, NaN logits refused, a row's budget its own (issue 22).
+sliding-window models, NaN logits refused, a row's budget its own.
 
 Each check compares against an independent truth: the uncached reference decoder, the same row
 decoded alone, or a hand-built case (a NaN planted in the head, a prompt at the context limit).

@@ -80,7 +80,7 @@ def test_validate_after_mutation():
 
 
 def test_int_knobs_become_floats():
-    """``repetition_penalty=2`` used to pass validation and then crash inside Hugging Face's processor."""
+    """``repetition_penalty=2`` becomes 2.0, which Hugging Face's processor accepts (it refuses an int)."""
     cfg = SamplingConfig(repetition_penalty=2, temperature=1, top_p=1, frequency_penalty=1, lz_penalty=0)
     assert isinstance(cfg.repetition_penalty, float) and cfg.repetition_penalty == 2.0
     assert all(isinstance(getattr(cfg, f), float) for f in ("temperature", "top_p", "frequency_penalty", "lz_penalty"))

@@ -1,4 +1,4 @@
-"""Issue 20's theory test: crossovers, signs and the sweep's summary, on tiny instances."""
+"""The theory test (docs/theory_test_preregistration.md): crossovers, signs and the sweep's summary, on tiny instances."""
 
 from __future__ import annotations
 

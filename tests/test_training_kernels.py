@@ -36,7 +36,7 @@ def train_config(objective: str, seq: int) -> TrainConfig:
 def test_bf16_step_runs_no_float32_matrix_product(objective):
     """One bf16-autocast step of a 4-layer Llama, V = 32000, T = 512: every product (the body's, the
     attention's and the loss head's forward, recomputation and both gradients) takes bf16 operands.
-    The head's weight gradient used to be float32 products: 22% of the step's FLOPs here."""
+    The head's weight gradient, 22% of the step's FLOPs here, included."""
     model = llama(32000, 4, 512)
     optimizer = build_optimizer(model, train_config(objective, 512))
     rows = torch.randint(0, 32000, (2, 513), generator=torch.Generator().manual_seed(0))

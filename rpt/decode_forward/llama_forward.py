@@ -212,8 +212,8 @@ def fused_layers(lm: nn.Module, model=None, force: bool = False) -> FusedLayers 
 
 def release_fused_weights(lm: nn.Module, unshare: bool = False) -> None:
     """Free ``lm``'s stacked copies now (the next fused decode builds them again). The model's parameters
-    were never changed by them; ``unshare`` is accepted for callers of an earlier version and does nothing
-    (no parameter shares storage with the copies)."""
+    are never changed by them; ``unshare`` is accepted and does nothing (no parameter shares storage with
+    the copies)."""
     with _LOCK:
         lm.__dict__.pop(_ATTRIBUTE, None)
 

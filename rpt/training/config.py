@@ -26,6 +26,41 @@ from rpt.training.config_keys import (
 
 @dataclass
 class TrainConfig:
+    """One training run's settings: every field is a config key (docs/training.md lists them all).
+
+    Read one with :func:`load_config` (a YAML file plus ``key=value`` overrides, validated); a
+    ``TrainConfig`` built directly is checked by :func:`validate`. Train it with :func:`rpt.training.loop.run`.
+    The main fields are below; the others (evaluation, saving, precision, compile, LoRA, logging) are
+    described on their own lines.
+
+    Args:
+        model: an HF id, a local path, or a from-config spec ``{"model_type": "llama", ...}``.
+        data, val_data: the text sources (docs/data.md); without ``val_data`` a ``val_fraction`` of the
+            documents is held out.
+        tokenizer: an id or path, ``{"train_bpe": {"vocab_size": N}}``, or ``None`` for the model's.
+        objective, window, s, q: ``"rpt"`` (the permuted-window objective over ``window`` tokens,
+            swap rates ``s`` and ``q``) or ``"ntp"``.
+        seq_len, micro_batch_size, grad_accum, global_batch_size: the batch; ``max_steps``, ``lr`` and
+            the schedule keys the optimisation; ``output_dir`` where the run writes.
+
+    Raises:
+        rpt.errors.ConfigError: from :func:`load_config` / :func:`validate`, one line naming the key and the fix.
+
+    Example:
+        >>> from rpt.training.config import TrainConfig, load_config, validate
+        >>> cfg = TrainConfig(model={"model_type": "llama", "hidden_size": 16}, data={"stdlib": {}},
+        ...                   micro_batch_size=4, grad_accum=2)
+        >>> validate(cfg)
+        >>> cfg.global_batch(processes=2)  # sequences per optimizer step
+        16
+        >>> load_config(overrides=["model=gpt2", "data={stdlib: {}}", "lr=3e-4"]).lr
+        0.0003
+        >>> validate(TrainConfig(model="gpt2", data={"stdlib": {}}, window=1))
+        Traceback (most recent call last):
+        ...
+        rpt.errors.ConfigError: config key 'window' = 1 is invalid: use an integer in [2, 4096] (the paper uses 3)
+    """
+
     # model: an HF id, a local path, or a from-config spec {"model_type": "llama", ...}
     model: Any = None
     init_from: str | None = None  # start from this checkpoint's weights (RPT or plain HF)
@@ -67,7 +102,7 @@ class TrainConfig:
     seed: int = 0
     # how the RPT objective's permutation draws are keyed (rpt.training.step): "sequence" (per sequence of
     # the global batch; the split does not change what is trained) or "micro_batch" (per global
-    # micro-batch, how runs were keyed before: what studies registered then reproduce with); None:
+    # micro-batch: how a checkpoint that records no keying was trained; the registered studies' runs); None:
     # "sequence" for a new run, the checkpoint's keying for a resume
     draws: str | None = None
     precision: str = "fp32"  # fp32 | bf16 | fp16

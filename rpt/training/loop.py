@@ -63,7 +63,44 @@ from rpt.training.validation import evaluate
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
-    """Train per ``cfg``; returns the last logged metrics. Writes ``cfg.output_dir``."""
+    """Train per ``cfg``, resuming from ``cfg.output_dir``'s latest checkpoint when it holds one (``resume: auto``).
+
+    Args:
+        cfg: the run's settings (:func:`rpt.training.config.load_config`, or a validated ``TrainConfig``).
+
+    Returns:
+        The last logged metrics row: ``step``, ``loss``, ``ntp_loss``, ``ptp_loss_<l>``, ``lr``,
+        ``grad_norm``, ``tokens_per_s``, ``peak_mem_mb``, ``data_position`` and, on evaluation steps,
+        the validation losses. ``cfg.output_dir`` then holds ``final/`` (an RPT checkpoint),
+        ``checkpoint-<step>/``, ``metrics.jsonl``, ``train.log`` and the run's record.
+
+    Raises:
+        rpt.errors.ConfigError: a setting the run cannot use (an ``output_dir`` that is a file, a refused
+            resume, a precision the backend does not train in), before any step.
+
+    Example:
+        Two steps of a 1-layer Llama on a tiny local text file, its tokenizer trained on the file:
+
+        >>> import contextlib, io, os, tempfile
+        >>> from rpt.training.config import TrainConfig, validate
+        >>> from rpt.training.loop import run
+        >>> tmp = tempfile.mkdtemp()
+        >>> corpus = os.path.join(tmp, "corpus.txt")
+        >>> with open(corpus, "w") as f:
+        ...     _ = f.write("def add(a, b):\\n    return a + b\\n" * 50)
+        >>> cfg = TrainConfig(model={"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
+        ...                          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2},
+        ...                   tokenizer={"train_bpe": {"vocab_size": 300}}, data={"path": corpus}, val_fraction=0.0,
+        ...                   eval_batches=0, seq_len=16, micro_batch_size=2, max_steps=2, warmup_steps=1, q=0.5,
+        ...                   plot=False, cache_dir=os.path.join(tmp, "cache"), output_dir=os.path.join(tmp, "run"))
+        >>> validate(cfg)
+        >>> with contextlib.redirect_stdout(io.StringIO()):  # the run's summary and step lines
+        ...     metrics = run(cfg)
+        >>> metrics["step"], metrics["loss"] > 0
+        (2, True)
+        >>> sorted(os.listdir(os.path.join(tmp, "run", "final")))[:3]
+        ['config.json', 'custom_generate', 'generation_config.json']
+    """
     from accelerate.utils import set_seed
 
     cfg, warmup_note = fit_warmup(cfg)

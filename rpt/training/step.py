@@ -4,8 +4,8 @@ Each optimiser step consumes one *global batch* of ``micro_batch_size x grad_acc
 chunks (:mod:`rpt.training.micro_batch` splits a ``global_batch_size``), and the permutation of
 sequence ``k`` of the global batch of step ``t`` comes from a generator seeded with ``(seed, t, k)``
 (:func:`make_batch`): a 2-process run, or another micro-batch, sees the same global batch as a
-1-process run with twice the accumulation. (Runs started before that keying seeded global
-micro-batch ``j`` with ``(seed, t, j)``, and resume so: :data:`LEGACY_DRAWS`.) A step reads nothing
+1-process run with twice the accumulation. (:data:`LEGACY_DRAWS` seeds global micro-batch ``j``
+with ``(seed, t, j)``: a checkpoint that records no keying resumes so.) A step reads nothing
 back from the device; :func:`stop_if_not_finite` is the one host read, where a step's result is kept.
 """
 

@@ -54,7 +54,38 @@ def generate(model, input_ids: torch.Tensor, config: SamplingConfig, attention_m
             :func:`~rpt.sampling.decode.compile_mode.steps_per_read` steps.
 
     Returns:
-        :class:`~rpt.sampling.output.GenerateOutput` (``.sequences``, ``.stats``, ...).
+        :class:`~rpt.sampling.output.GenerateOutput`: ``.sequences`` (``[batch, prompt_width + new]``, the
+        prompts then the generated tokens, padded after a row finished), ``.generated(row)``,
+        ``.finish_reasons`` (``"eos"``, ``"stop"`` or ``"length"`` per row), ``.stats``, ``.row_seeds``.
+
+    Raises:
+        ValueError: bad inputs (prompts not left-padded, a token outside the vocabulary, an empty row,
+            token healing without a tokenizer, a model this decoder cannot run), named in one line before
+            any model call; NaN / inf logits during the decode.
+
+    Example:
+        Two prompts, the first left-padded, three new tokens each with one RPT iteration (a random tiny
+        Llama, so the tokens mean nothing):
+
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from rpt.model import RPTForCausalLM
+        >>> from rpt.sampling import SamplingConfig, generate
+        >>> _ = torch.manual_seed(0)
+        >>> base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+        ...                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> model = RPTForCausalLM.from_base(base, window=2).eval()
+        >>> input_ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+        >>> attention_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+        >>> config = SamplingConfig(max_new_tokens=3, rpt_iters=1, rpt_window=2, temperature=0.8, seed=0,
+        ...                         eos_token_id=[])
+        >>> out = generate(model, input_ids, config, attention_mask)
+        >>> out.sequences.shape
+        torch.Size([2, 7])
+        >>> out.finish_reasons, len(out.generated(0))
+        (['length', 'length'], 3)
+        >>> torch.equal(generate(model, input_ids, config, attention_mask).sequences, out.sequences)  # seeded
+        True
     """
     # nothing of the model is switched for the decode (two threads may decode with it at once): the offset
     # rows' range check is skipped per call (rpt.decode_forward.queries), the attention switch is shared (rpt.shared_switch)

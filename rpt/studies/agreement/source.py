@@ -1,4 +1,4 @@
-r"""The agreement-pairs source: a sequence source where the *forward* law of a token is
+r"""The agreement-pairs source (docs/agreement_preregistration.md): a sequence source where the *forward* law of a token is
 hard for a small model and its *backward* law given the next token is a small table.
 
 A document is ``prefix`` uniform contents, then ``pairs`` pairs ``t_j c_j`` (a tag before the content

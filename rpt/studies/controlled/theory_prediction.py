@@ -1,4 +1,4 @@
-r"""Sec. 3's theory as a prediction: crossovers from the truth alone, signs, the sweep's summary.
+r"""Sec. 3's theory as a prediction (docs/theory_test_preregistration.md): crossovers from the truth alone, signs, the sweep's summary.
 
 The controlled source (:mod:`rpt.studies.controlled.experiment`) fixes the true conditionals of every
 context. Each *model of the error* says below which ``r = eps_p / eps_n`` (the PTP row error over
@@ -371,7 +371,7 @@ def scores_entry(cond: wc.WindowConditionals, truth: ctl.Truth, iters: int = 1) 
             "acceptance": acceptance_by_eta(cond), "precondition": precondition(cond, truth.joint)}
 
 
-# ---- the three-level noise model --------------------------------------------------------------------
+# ---- the three-level noise model ----------------------------------------------------------------------
 # Eq. 33's construction applied to each of the three conditionals eq. 4 uses, each at its own level:
 #
 #     p^(a)   = (1 - e_m) p(a)   + e_m n(a)        the first token's marginal (NTP)

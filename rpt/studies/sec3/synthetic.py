@@ -129,7 +129,7 @@ class CaseResult:
     max_rpt: np.ndarray
 
     def summary(self) -> dict:
-        """The experiment as a JSON object: means and the fraction of trials RPT wins (TV)."""
+        """This setting's JSON object: means and the fraction of trials RPT wins (TV)."""
         return {
             "name": self.name,
             "eps_n": self.eps_n,
