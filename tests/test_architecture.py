@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import find_cycle, import_graph, module_files
-from tests.scripts import ROOT
+from tests.helpers.import_graph import find_cycle, import_graph, module_files
+from tests.helpers.scripts import ROOT
 
 DESIGN = ROOT / "docs" / "design.md"
 LAYER_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* -- (.*)$")

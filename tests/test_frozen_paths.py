@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.scripts import ROOT
+from tests.helpers.scripts import ROOT
 
 FROZEN = [
     "rpt.hf_generate:generate",

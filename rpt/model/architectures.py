@@ -27,7 +27,7 @@ from torch import nn
 
 from rpt.checkpoint.folded_weights import input_embedding_scale
 
-# model_type -> the name the docs use; every one checked by tests/test_model_zoo.py; README.md and docs/science.md list them
+# model_type -> the name the docs use; every one checked by tests/end_to_end/test_model_zoo.py; README.md and docs/science.md list them
 TESTED_FAMILIES = {
     "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "mixtral": "Mixtral", "phi": "Phi",
     "phi3": "Phi-3", "gpt_neox": "GPT-NeoX", "olmo2": "OLMo 2", "granite": "Granite", "stablelm": "StableLM",

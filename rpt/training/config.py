@@ -146,7 +146,7 @@ CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "report_to": ("none", "wandb", "tensorboard"),
     "compile_backend": ("inductor", "aot_eager", "eager"),
-    "draws": (None, "sequence", "micro_batch"),  # rpt.training.step's DRAWS and LEGACY_DRAWS (tests/test_agreement.py holds them equal)
+    "draws": (None, "sequence", "micro_batch"),  # rpt.training.step's DRAWS and LEGACY_DRAWS (tests/studies/test_agreement.py holds them equal)
     "attn_implementation": (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
 }
 

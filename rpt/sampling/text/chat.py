@@ -140,7 +140,7 @@ def _refuse_blocked_access(template: str) -> None:
     (``messages.__class__``, ``messages.append`` without a call) with an undefined value that prints
     as nothing, so the prompt would be the template with holes. Its ``unsafe_undefined`` is replaced
     on that one environment by a function that raises jinja's ``SecurityError`` instead. Where the
-    installed transformers compiles differently, this does nothing (tests/test_chat.py pins it).
+    installed transformers compiles differently, this does nothing (tests/sampling/test_chat.py pins it).
     """
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template

@@ -27,7 +27,7 @@ is always redrawn from ``N`` after the PTP step, the joint after an iteration is
     p_{k+1} = (p_k N) K + p_k * (N r)          (``*`` elementwise; ``N r`` = keep-chance of each a).
 
 Sampled PTP with ``eta = 0`` gives ``K = P``, ``r = 0``: the plain chain above. Fig. 6 is the histogram of ``p_1(x_i) - p_0(x_i)``. This is the
-chain the sampler runs (:mod:`rpt.sampling.algorithm`; ``tests/test_eq4_distribution.py`` checks
+chain the sampler runs (:mod:`rpt.sampling.algorithm`; ``tests/properties/test_eq4_distribution.py`` checks
 the sampler's draws against its exact enumeration).
 
 **Exact** (small vocabularies): ``N`` needs one NTP query per ``a`` (token ``a`` at position
