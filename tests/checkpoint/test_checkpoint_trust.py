@@ -20,7 +20,7 @@ from rpt.checkpoint.directories import (
 )
 from rpt.training.measure.metrics import read_metrics
 from tests.helpers.inprocess_train import one_error_line, train_main
-from tests.helpers.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
+from tests.helpers.train_helpers import accelerate_cmd, free_port, run_cmd, write_config, zero_launch_config
 
 FAST = dict(max_steps=4, save_every=2, keep_last=5, eval_batches=0)
 
@@ -166,7 +166,7 @@ def test_deepspeed_resume_verifies_the_manifest_before_its_engine_unpickles(tmp_
     pytest.importorskip("deepspeed")
     cfg = write_config(tmp_path, max_steps=2, save_every=2, eval_batches=0)
     launch = zero_launch_config(tmp_path, 2)
-    res = run_cmd(accelerate_cmd(launch, 29561, cfg))
+    res = run_cmd(accelerate_cmd(launch, free_port(), cfg))
     assert res.returncode == 0, res.stderr[-3000:]
     ckpt = tmp_path / "run" / "checkpoint-2"
     assert (ckpt / "manifest.json").exists()
@@ -174,14 +174,14 @@ def test_deepspeed_resume_verifies_the_manifest_before_its_engine_unpickles(tmp_
     assert states, list(ckpt.rglob("*"))
     marker = tmp_path / "marker"
     plant(states[0], marker)
-    res = run_cmd(accelerate_cmd(launch, 29562, cfg, "max_steps=4"))
+    res = run_cmd(accelerate_cmd(launch, free_port(), cfg, "max_steps=4"))
     assert res.returncode != 0 and not marker.exists()
     assert "changed after the checkpoint was written" in res.stderr and states[0].name in res.stderr
     # one error line from train.py (accelerate's launcher adds its own CalledProcessError traceback)
     assert len([x for x in res.stderr.splitlines() if x.startswith("error: ")]) == 1
     assert "rpt/" not in "".join(x for x in res.stderr.splitlines() if x.strip().startswith("File "))
     os.remove(ckpt / MANIFEST)  # a checkpoint without a manifest is not handed to DeepSpeed at all
-    res = run_cmd(accelerate_cmd(launch, 29563, cfg, "max_steps=4"))
+    res = run_cmd(accelerate_cmd(launch, free_port(), cfg, "max_steps=4"))
     assert res.returncode != 0 and not marker.exists() and "no manifest.json" in res.stderr
 
 
@@ -220,10 +220,10 @@ def test_two_processes_refuse_a_changed_checkpoint_together(tmp_path):
 
     cfg = write_config(tmp_path, max_steps=2, save_every=2, eval_batches=0, micro_batch_size=2)
     launch = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
-    assert run_cmd(accelerate_cmd(launch, 29581, cfg)).returncode == 0
+    assert run_cmd(accelerate_cmd(launch, free_port(), cfg)).returncode == 0
     marker = tmp_path / "marker"
     plant(tmp_path / "run" / "checkpoint-2" / "optimizer.bin", marker)
-    res = run_cmd(accelerate_cmd(launch, 29582, cfg, "max_steps=4"), timeout=300)
+    res = run_cmd(accelerate_cmd(launch, free_port(), cfg, "max_steps=4"), timeout=300)
     assert res.returncode != 0 and not marker.exists()
     assert res.stderr.count("optimizer.bin changed after the checkpoint was written") == 2, res.stderr[-3000:]
 

@@ -13,6 +13,7 @@ from rpt.training.measure.metrics import read_metrics
 from tests.helpers.train_helpers import (
     ROOT,
     accelerate_cmd,
+    free_port,
     run_cmd,
     write_config,
     write_jsonl,
@@ -54,7 +55,7 @@ def run_to_3_then_resume_to_6(tmp_path, launch: str, port: int, **overrides):
 # streamed resume through test_training_resume_data.py
 @pytest.mark.slow
 def test_two_process_ddp_streaming_recipe(tmp_path):
-    run = run_to_3_then_resume_to_6(tmp_path, os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), 29631)
+    run = run_to_3_then_resume_to_6(tmp_path, os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), free_port())
     assert sorted(os.listdir(run / "checkpoint-6" / "data_state")) == ["rank-0.pt", "rank-1.pt"]
     fingerprints = json.loads((run / "replicas.json").read_text())["parameter_fingerprints"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
@@ -62,7 +63,7 @@ def test_two_process_ddp_streaming_recipe(tmp_path):
 
 def test_zero3_streaming_recipe(tmp_path):
     pytest.importorskip("deepspeed")
-    run = run_to_3_then_resume_to_6(tmp_path, zero_launch_config(tmp_path, 3), 29643, precision="bf16")
+    run = run_to_3_then_resume_to_6(tmp_path, zero_launch_config(tmp_path, 3), free_port(), precision="bf16")
     replicas = json.loads((run / "replicas.json").read_text())
     assert replicas["parameter_fingerprints"] is None and "ZeRO-3" in replicas["note"]
     assert (run / "checkpoint-6" / "latest").exists()  # a DeepSpeed checkpoint

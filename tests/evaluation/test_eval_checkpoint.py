@@ -23,6 +23,7 @@ import rpt.evaluation.humaneval as he
 from rpt.evaluation import gsm8k, sweep
 from rpt.model import RPTForCausalLM
 from tests.helpers.scripts import ROOT, load_script
+from tests.helpers.train_helpers import free_port
 
 DATA = Path(os.environ.get("RPT_GSM8K_DIR", ROOT.parent / "shared" / "data" / "gsm8k"))
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"GSM8K data not found at {DATA}; set RPT_GSM8K_DIR")
@@ -370,7 +371,7 @@ def test_gsm8k_splits_items_across_two_processes(scripts, ckpt, tmp_path):
     out = tmp_path / "ddp.json"
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_ddp.yaml"),
-           "--main_process_port", "29541", str(ROOT / "eval" / "gsm8k.py"), *argv, "--out", str(out)]
+           "--main_process_port", str(free_port()), str(ROOT / "eval" / "gsm8k.py"), *argv, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

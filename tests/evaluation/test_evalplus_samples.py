@@ -19,6 +19,7 @@ import pytest
 from rpt.evaluation import evalplus_scoring as plus
 from rpt.evaluation import samples_jsonl as samples
 from tests.helpers.scripts import ROOT, load_script
+from tests.helpers.train_helpers import free_port
 
 pytestmark = pytest.mark.skipif(not (plus.data_dir() / plus.FILES["mbpp"]).is_file(),
                                 reason=f"EvalPlus data not found at {plus.data_dir()}; set RPT_EVALPLUS_DIR")
@@ -149,7 +150,7 @@ def test_two_processes_write_the_single_process_samples_file(tmp_path, monkeypat
     out = tmp_path / "ddp.json"
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "configs/accelerate/cpu_ddp.yaml"),
-           "--main_process_port", "29547", str(ROOT / "eval" / "humaneval.py"), *argv, "--out", str(out)]
+           "--main_process_port", str(free_port()), str(ROOT / "eval" / "humaneval.py"), *argv, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

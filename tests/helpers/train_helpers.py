@@ -1,6 +1,7 @@
 """A training config small enough for tests: a micro Llama on a slice of the stdlib."""
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -53,6 +54,14 @@ def train_cmd(config: str, *overrides: str) -> list[str]:
 
 def run_train(config: str, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(train_cmd(config, *overrides), env=env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now: the rendezvous port of one launch, so that launches in parallel
+    test workers (or other test runs on the machine) never meet on a fixed one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def accelerate_cmd(launch_config: str, port: int, config: str, *overrides: str) -> list[str]:

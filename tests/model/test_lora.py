@@ -143,7 +143,7 @@ def adapter_tensors(final):
 def test_lora_under_ddp_and_deepspeed(tmp_path, launch):
     """DDP (2 processes) equals 1 process with 2 accumulation steps; ZeRO-2/3 (1 CPU process:
     accelerate forms DeepSpeed groups only on GPUs) save non-empty, trained adapter tensors."""
-    from tests.helpers.train_helpers import ROOT, accelerate_cmd, run_cmd, zero_launch_config
+    from tests.helpers.train_helpers import ROOT, accelerate_cmd, free_port, run_cmd, zero_launch_config
 
     over = dict(lora=SECTION, max_steps=3, save_every=100, eval_batches=0, micro_batch_size=2)
     if launch == "ddp":
@@ -154,7 +154,7 @@ def test_lora_under_ddp_and_deepspeed(tmp_path, launch):
     else:
         cfg = write_config(tmp_path, precision="bf16", **over)
         launch_file = zero_launch_config(tmp_path, int(launch[-1]))
-    res = run_cmd(accelerate_cmd(launch_file, 29560 + len(launch) + int(launch[-1] == "3"), cfg,
+    res = run_cmd(accelerate_cmd(launch_file, free_port(), cfg,
                                  f"output_dir={tmp_path / 'dist'}"))
     assert res.returncode == 0, res.stderr[-3000:]
     adapter, table = adapter_tensors(tmp_path / "dist" / "final")

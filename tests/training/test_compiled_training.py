@@ -24,6 +24,7 @@ from tests.helpers.train_helpers import (
     ROOT,
     accelerate_cmd,
     env,
+    free_port,
     run_cmd,
     train_cmd,
     write_config,
@@ -49,7 +50,7 @@ def test_compiled_blocks_train_like_eager_and_compile_once(tmp_path):
         cfg = write_config(tmp_path / objective, objective=objective, max_steps=20, eval_every=20, eval_batches=2,
                            save_every=100)
         for name, extra in (("eager", []), ("compiled", ["compile=true"])):
-            # The four runs side by side: each trains on one thread, and the tests leave the second core idle.
+            # The four runs side by side, each on one thread: they use whatever core the other tests leave idle.
             runs[objective, name] = subprocess.Popen(
                 train_cmd(cfg, f"output_dir={tmp_path / objective / name}", *extra), env=compiled_env,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -177,7 +178,7 @@ def test_two_process_ddp_trains_compiled_blocks_in_lockstep(tmp_path):
     cfg = write_config(tmp_path, max_steps=3, save_every=100, eval_batches=2, eval_every=3, micro_batch_size=2,
                        compile=True, compile_backend="aot_eager")
     launch = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
-    ddp = run_cmd(accelerate_cmd(launch, 29523, cfg))
+    ddp = run_cmd(accelerate_cmd(launch, free_port(), cfg))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "transformer blocks compiled with aot_eager" in ddp.stdout
     assert sorted(losses(tmp_path / "run")) == [1, 2, 3]
@@ -192,7 +193,7 @@ def test_deepspeed_zero2_trains_compiled(tmp_path):
     pytest.importorskip("deepspeed")
     cfg = write_config(tmp_path, max_steps=2, save_every=100, eval_batches=1, eval_every=2, compile=True,
                        compile_backend="aot_eager")
-    zero2 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 2), 29547, cfg))
+    zero2 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 2), free_port(), cfg))
     assert zero2.returncode == 0, zero2.stderr[-3000:]
     assert "transformer blocks compiled with aot_eager" in zero2.stdout
     assert sorted(losses(tmp_path / "run")) == [1, 2]
@@ -220,7 +221,7 @@ def test_zero3_with_compile_is_refused_before_any_work():
 def test_deepspeed_zero3_refuses_compile_in_one_line(tmp_path):
     pytest.importorskip("deepspeed")
     cfg = write_config(tmp_path, compile=True)
-    zero3 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 3), 29548, cfg))
+    zero3 = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, 3), free_port(), cfg))
     assert zero3.returncode != 0
     errors = [line for line in zero3.stderr.splitlines() if line.startswith("error:")]
     assert errors and "ZeRO-3" in errors[0] and "compile" in errors[0], zero3.stderr[-2000:]

@@ -8,7 +8,7 @@ import pytest
 from rpt.training.config import ConfigError, load_config
 from rpt.training.measure.metrics import read_metrics
 from tests.helpers.inprocess_train import one_error_line, train_main
-from tests.helpers.train_helpers import ROOT, accelerate_cmd, run_cmd, write_config
+from tests.helpers.train_helpers import ROOT, accelerate_cmd, free_port, run_cmd, write_config
 
 
 @pytest.mark.parametrize("override, key", [
@@ -85,7 +85,7 @@ def test_the_nan_check_reads_the_host_only_where_a_step_is_kept_and_still_names_
 @pytest.mark.slow
 def test_a_nan_loss_stops_both_ddp_ranks_together(tmp_path):
     cfg = write_config(tmp_path, **DIVERGES)
-    res = run_cmd(accelerate_cmd(os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), 29571, cfg), timeout=300)
+    res = run_cmd(accelerate_cmd(os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), free_port(), cfg), timeout=300)
     assert res.returncode != 0
     assert res.stderr.count("error: the training loss became NaN or inf at step") == 2  # each rank, no hang
     assert not (tmp_path / "run" / "final").exists()

@@ -12,7 +12,7 @@ import pytest
 
 from rpt.model import RPTForCausalLM
 from rpt.training.measure.metrics import read_metrics
-from tests.helpers.train_helpers import accelerate_cmd, run_cmd, write_config, zero_launch_config
+from tests.helpers.train_helpers import accelerate_cmd, free_port, run_cmd, write_config, zero_launch_config
 
 pytest.importorskip("deepspeed")
 
@@ -25,7 +25,7 @@ def test_deepspeed_zero_trains_and_saves_on_cpu(tmp_path, stage, precision, clip
     """The shipped JSON says "auto": the run's precision and clipping are what DeepSpeed runs."""
     cfg = write_config(tmp_path, max_steps=3, save_every=2, eval_batches=1, eval_every=3, precision=precision,
                        max_grad_norm=clip)
-    res = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, stage), 29540 + stage, cfg))
+    res = run_cmd(accelerate_cmd(zero_launch_config(tmp_path, stage), free_port(), cfg))
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"DeepSpeed ZeRO-{stage}: {precision}, gradient clipping {clip}, micro-batch 4, accumulation 1" in res.stdout
     run = tmp_path / "run"

@@ -13,7 +13,7 @@ from rpt.model import RPTForCausalLM
 from rpt.training.config import ConfigError, load_config
 from rpt.training.measure.metrics import read_metrics
 from tests.helpers.inprocess_train import one_error_line
-from tests.helpers.train_helpers import MICRO, ROOT, env, run_train, train_cmd, write_config
+from tests.helpers.train_helpers import MICRO, ROOT, env, free_port, run_train, train_cmd, write_config
 
 
 def losses(run_dir):
@@ -105,7 +105,7 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     assert single.returncode == 0, single.stderr[-3000:]
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     cmd = [accelerate, "launch", "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"),
-           "--main_process_port", "29517"]
+           "--main_process_port", str(free_port())]
     cmd += train_cmd(cfg, f"output_dir={tmp_path / 'ddp'}")[1:]
     ddp = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert ddp.returncode == 0, ddp.stderr[-3000:]

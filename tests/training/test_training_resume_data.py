@@ -10,7 +10,15 @@ import torch
 
 from rpt.data.packed import StoreBatches
 from rpt.training.measure.metrics import read_metrics
-from tests.helpers.train_helpers import ROOT, accelerate_cmd, run_cmd, run_train, write_config, write_jsonl
+from tests.helpers.train_helpers import (
+    ROOT,
+    accelerate_cmd,
+    free_port,
+    run_cmd,
+    run_train,
+    write_config,
+    write_jsonl,
+)
 
 CPU_DDP = os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml")
 
@@ -68,12 +76,12 @@ def test_streamed_two_workers_resume_after_epoch_boundary_same_losses(tmp_path):
 def test_streamed_two_processes_two_workers_resume_before_epoch_boundary(tmp_path):
     cfg = streamed_config(tmp_path, docs=60)
     ref, cut = tmp_path / "ref", tmp_path / "cut"
-    r = run_cmd(accelerate_cmd(CPU_DDP, 29531, cfg, f"output_dir={ref}", "max_steps=12", "save_every=4", "keep_last=5"))
+    r = run_cmd(accelerate_cmd(CPU_DDP, free_port(), cfg, f"output_dir={ref}", "max_steps=12", "save_every=4", "keep_last=5"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert max(worker_epochs(ref / "checkpoint-4", rank=1)) == 0  # cut before the boundary ...
     assert min(worker_epochs(ref / "checkpoint-12", rank=1)) >= 1  # ... the run goes on across it
     interrupted_copy(ref, cut, 4)
-    r = run_cmd(accelerate_cmd(CPU_DDP, 29533, cfg, f"output_dir={cut}", "max_steps=12", "save_every=4"))
+    r = run_cmd(accelerate_cmd(CPU_DDP, free_port(), cfg, f"output_dir={cut}", "max_steps=12", "save_every=4"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_losses(ref, cut, 12)
 
@@ -100,7 +108,7 @@ def test_store_resumed_with_another_batch_reads_every_sample_once():
 def test_store_two_processes_then_one_continues_at_data_position(tmp_path):
     cfg = write_config(tmp_path, eval_batches=0, micro_batch_size=2, log_every=1)
     run_dir = tmp_path / "run"
-    r = run_cmd(accelerate_cmd(CPU_DDP, 29534, cfg, f"output_dir={run_dir}", "max_steps=2", "save_every=2"))
+    r = run_cmd(accelerate_cmd(CPU_DDP, free_port(), cfg, f"output_dir={run_dir}", "max_steps=2", "save_every=2"))
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_train(cfg, f"output_dir={run_dir}", "max_steps=4", "resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
