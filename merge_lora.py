@@ -3,14 +3,15 @@
 
     python merge_lora.py runs/lora/final runs/lora/merged
 
-The output is what a full fine-tune writes (``rpt/checkpoint/faithful.py``: plain ``AutoModelForCausalLM``
+The output is what a full fine-tune writes (``rpt/checkpoint/folded_weights.py``: plain ``AutoModelForCausalLM``
 computes the RPT model's NTP logits; ``custom_generate/`` included), written atomically.
 """
 
 import argparse
 import sys
 
-from rpt.training.config import report_input_error
+from rpt.cli.output_paths import check_output
+from rpt.cli.parser import report_input_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,11 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from rpt.checkpoint.model_ref import resolve_model_ref
     from rpt.model.lora import merge
-    from rpt.training.preflight import check_output_dir
 
     try:
         adapter = resolve_model_ref(args.adapter, "the adapter", "give the final/ directory of a run with a lora: section")
-        check_output_dir(args.out, "the output")
+        check_output(args.out, "the output", directory=True)
         print(f"wrote {merge(adapter, args.out)}")
     except (ValueError, OSError, ImportError) as e:
         return report_input_error(e)

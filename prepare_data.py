@@ -17,8 +17,11 @@ import math
 import os
 import sys
 
+from rpt.cli.output_paths import check_output
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
 from rpt.data import DataError
-from rpt.training.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
+from rpt.errors import InputError
+from rpt.training.config import ConfigError, load_config
 
 MAX_PROCESSES = 1024  # beyond this a typo (--num-proc 100000) would spawn a process per shard
 
@@ -79,18 +82,18 @@ def main(argv: list[str] | None = None) -> int:
             return report_input_error(e)
     if not args.config:
         ap.error("--config is required (or --verify DIR)")
-    from rpt.training.preflight import check_model_refs, check_output_dir
+    from rpt.training.preflight import check_model_refs
 
     try:
         cfg = load_config(args.config, args.overrides)
-        check_output_dir(args.out or cfg.cache_dir, "--out" if args.out else "config key 'cache_dir'")
+        check_output(args.out or cfg.cache_dir, "--out" if args.out else "config key 'cache_dir'", ConfigError,
+                     directory=True)
         check_model_refs(cfg)  # the tokenizer comes from one of them
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     if not 1 <= args.num_proc <= MAX_PROCESSES:
-        print(f"error: --num-proc {args.num_proc} must be between 1 and {MAX_PROCESSES}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(f"--num-proc {args.num_proc} must be between 1 and {MAX_PROCESSES}"),
+                                  traceback_hint=False)
     if args.max_tokens is not None and not args.out:
         # train.py looks in cache_dir for the whole corpus's store: a cut one there is never read.
         print("error: --max-tokens needs --out DIR (train.py reads the whole corpus from cache_dir, never a cut "

@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from rpt.training.config import ConfigError, OneLineArgumentParser, load_config, report_input_error
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
+from rpt.training.config import ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                          "output_dir; a dead trainer's lock is taken over by itself once stale)")
     args = ap.parse_args(argv)
     if args.break_lock:
-        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.training.run_lock reads it (every rank gets the same argv)
+        os.environ["RPT_BREAK_RUN_LOCK"] = "1"  # rpt.training.run_dir.lock reads it (every rank gets the same argv)
     if args.device:
         os.environ["ACCELERATE_TORCH_DEVICE"] = args.device  # the device accelerate's state takes
     from rpt.training.preflight import check_train_device, check_train_inputs
@@ -40,11 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         check_train_inputs(cfg)
         check_train_device("--device" if args.device else "ACCELERATE_TORCH_DEVICE")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     from rpt.data import DataError
     from rpt.training.loop import run
-    from rpt.training.run_lock import release_run_lock
+    from rpt.training.run_dir.lock import release_run_lock
 
     try:
         run(cfg)

@@ -11,7 +11,7 @@ the speed ratio compiled / eager (median time) over the last six batches, whethe
 the eager tokens, the graphs dynamo compiled and whether it printed ``recompile_limit`` (past which
 it would silently run the step eagerly). ``--penalties`` adds the LZ penalty (alpha 0.15, W 64,
 B 16) and a repetition penalty of 1.2: with ``rpt_iters=0`` they run inside the compiled step
-(:mod:`rpt.sampling.compiled_ntp`), eagerly they are a run of small operations per step.
+(:class:`rpt.sampling.decode.ntp_path.CompiledNTPStep`), eagerly they are a run of small operations per step.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import torch
 
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 
 try:
     from rpt_decode import build

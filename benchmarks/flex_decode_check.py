@@ -6,11 +6,11 @@ with the same rule as a boolean mask, at the shapes the decode compiles (Llama-3
 
 For every query block the decode compiles -- an NTP step (1 query), RPT steps (2 and 4 queries: x_n and
 its PTP chains, which see the sequence up to a limit and their own chain), prefills (16 and 64) -- at
-batch 1 and 16 with ragged rows, over a 256-column cache, it compiles ``rpt.model_call.decode_model``'s attention
+batch 1 and 16 with ragged rows, over a 256-column cache, it compiles ``rpt.decode_forward.llama_forward``'s attention
 (``fullgraph``; on CUDA inductor's flex decoding / flex attention kernels) and prints the largest
 difference from sdpa and the time per call of both. Exit status 1 if any block fails to compile or differs
 by more than ``--tolerance``: the decode would then fail to compile there (or compute something else),
-and ``rpt.model_call.decode_model.FLEX_DEVICES`` is what to take the device out of.
+and ``rpt.decode_forward.llama_forward.FLEX_DEVICES`` is what to take the device out of.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from rpt.model_call import decode_model
-from rpt.model_call.visibility import Visibility
+from rpt.decode_forward import llama_forward as decode_model
+from rpt.decode_forward.visibility import Visibility
 
 
 def block(batch: int, q: int, capacity: int, device) -> tuple[Visibility, torch.Tensor]:
@@ -68,7 +68,7 @@ def per_call_us(fn, inputs: tuple, device: torch.device, calls: int = 20) -> flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])  # not DTYPES: a tolerance each
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--capacity", type=int, default=256)
     ap.add_argument("--tolerance", type=float, default=None, help="largest |flex - sdpa| (default 2e-2 bf16, 1e-5 fp32)")

@@ -81,7 +81,7 @@ step tail 60 python3 benchmarks/rpt_tail_compile.py --device cuda --configs gree
 step tail_all 120 python3 benchmarks/rpt_tail_compile.py --device cuda --window 3
 # The fused decode call's attention alone (flex attention with eq. 4's rule as score_mod, no mask tensor)
 # against sdpa with the same rule's mask, at every query block the decode compiles: exit 1 if one fails
-# to compile or differs (then rpt.model_call.decode_model.FLEX_DEVICES is what to take "cuda" out of).
+# to compile or differs (then rpt.decode_forward.llama_forward.FLEX_DEVICES is what to take "cuda" out of).
 step flex 60 python3 benchmarks/flex_decode_check.py --device cuda
 
 # Every cuda-marked test (compiled == eager in float32 at batch 1, 4 ragged, 16; bf16 agreement),
@@ -95,7 +95,7 @@ step decode_quick 200 python3 benchmarks/rpt_decode.py --device cuda --dtype bfl
 # Training, a 1.33B Llama (Llama-3 vocabulary), bf16 autocast, T = 2048: MFU, rpt / ntp, peak memory.
 TRAIN_1B="--device cuda --precision bf16 --hidden 2048 --layers 16 --vocab 128256 --seq-len 2048 --batch 4 --steps 3 --rounds 3"
 step train_1b 150 python3 benchmarks/train_overhead.py $TRAIN_1B                    # eager blocks, fused AdamW, tiled loss
-# + compile: true at micro-batch 4, with the kernel table of one step per objective (rpt.training.step_profile: the
+# + compile: true at micro-batch 4, with the kernel table of one step per objective (rpt.training.measure.step_profile: the
 # device time per step of each says whether a gap in rpt / ntp is the GPU's work or the host's); more
 # rounds than above, the compiled steps being short (the 0.962 of 2026-11-26 was a median of 3 blocks of 3 steps)
 step train_1b_new 240 python3 benchmarks/train_overhead.py $TRAIN_1B --compile --steps 6 --rounds 5 --profile 1

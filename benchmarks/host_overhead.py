@@ -26,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 
 MICRO = dict(vocab_size=4096, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
              num_key_value_heads=2, max_position_embeddings=512)

@@ -24,7 +24,7 @@ def start_peak(device: str) -> float:
     """Reset the peak-memory counter of ``device``; returns the memory in use now (MB)."""
     import torch
 
-    from rpt.training.metrics import current_memory_mb, reset_cpu_peak
+    from rpt.training.measure.metrics import current_memory_mb, reset_cpu_peak
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -38,7 +38,7 @@ def read_peak(device: str) -> float:
     """The peak memory (MB) since :func:`start_peak`: CUDA's allocated peak, or the CPU's VmHWM."""
     import torch
 
-    from rpt.training.metrics import _proc_status_mb
+    from rpt.training.measure.metrics import _proc_status_mb
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()

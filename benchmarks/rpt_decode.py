@@ -18,13 +18,13 @@ and the goals: NTP >= 0.9x HF ``generate``; RPT >= 0.9 of the machine's ceiling 
 weights read per model call (every parameter except the input embedding table, of which a call
 reads a few rows) times calls per second. Each decoder's first call is timed apart (``first call``:
 for a compiled decoder, its compilation and capture), and a compiled decoder whose compilation
-failed and fell back to eager (``rpt.model_call.compile_guard``) is reported as such (exit status 1), never as
+failed and fell back to eager (``rpt.decode_forward.compile_guard``) is reported as such (exit status 1), never as
 a compiled rate. ``--corrections P`` adds RPT rows at a confidence where about a fraction P of the
 sweeps accept a proposal (measured on the bare fused calls), so that corrections -- and the
 compiled steps queued past them -- are in the timing.
 
 The ceiling: the bare model calls the two samplers make on their common path, with no sampling
-logic, through the same query primitive (:class:`rpt.model_call.queries.ModelQueries`): one 1-row call per
+logic, through the same query primitive (:class:`rpt.decode_forward.queries.ModelQueries`): one 1-row call per
 token (NTP) against one 2-row call ``[x_n | PTP query for x_{n-1}]`` with its mask and offsets
 (RPT, w=2). Their ratio measures what a second query row costs the hardware (near nothing when a
 call is memory-bound, as on a GPU; a second row of every matmul where the CPU BLAS is
@@ -41,10 +41,11 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from rpt.cli.devices import DTYPES
+from rpt.decode_forward.queries import ModelQueries, Visibility
 from rpt.model import RPTForCausalLM
-from rpt.model_call.queries import ModelQueries, Visibility
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate
+from rpt.sampling.decode.generate import generate
 
 SIZES = {
     # the issue's CPU model
@@ -93,7 +94,7 @@ def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fus
                ptp_top: list[float] | None = None) -> tuple[float, torch.Tensor]:
     """Tokens/s of the model calls alone of one greedy NTP decode, and its ``[batch, new_tokens]`` tokens.
 
-    The calls are the decoders' own (:class:`rpt.model_call.queries.ModelQueries` on a position-addressed
+    The calls are the decoders' own (:class:`rpt.decode_forward.queries.ModelQueries` on a position-addressed
     cache); ``fused`` feeds each as the RPT decoder's common path does: x_n twice, as the NTP
     query (column n) and as the PTP query for x_{n-1} (offset row 1, a scratch column past n, seeing
     only x_{<n-1}); only the NTP query picks the next token.
@@ -132,7 +133,7 @@ def bare_calls(model: RPTForCausalLM, prompt: torch.Tensor, new_tokens: int, fus
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--model-size", default="tiny", choices=sorted(SIZES))
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=256)

@@ -5,12 +5,12 @@ real vocabulary, at several batch sizes: the part of the step that crashed induc
     python benchmarks/rpt_tail_compile.py --vocab 4096 --backend aot_eager   # CPU, seconds
     python benchmarks/rpt_tail_compile.py --fake-cuda                        # CPU: inductor's CUDA scheduler
 
-No model: a decode state (:class:`rpt.sampling.decode_state.DecodeState`, static buffers as a compiled
+No model: a decode state (:class:`rpt.sampling.decode.state.DecodeState`, static buffers as a compiled
 decode's) with 64-token prompts, and random ``[B, w, V]`` logits with one clear maximum per query.
 For each sampling set-up (``--configs``: greedy; sampled k = 1 with top-k / top-p; greedy with the LZ
-and repetition penalties) and batch size, :func:`rpt.sampling.common_step.step_tail` -- the NTP and
+and repetition penalties) and batch size, :func:`rpt.sampling.decode.rpt_path.step_tail` -- the NTP and
 PTP proposals with their processors, the NaN and event flags, the commit -- is compiled as the
-decode compiles its step (:func:`rpt.sampling.step_compile.compile_step`: on CUDA with inductor,
+decode compiles its step (:func:`rpt.sampling.decode.compile_mode.compile_step`: on CUDA with inductor,
 ``mode="reduce-overhead"``, CUDA graphs), run three times (warm-up, capture, replay), checked against
 the same tail run eagerly on a copy of the state (every buffer equal), then replayed ``--repeats``
 times. Prints one line per case: compile seconds (the first call), replay microseconds, equal or
@@ -30,14 +30,15 @@ import time
 
 import torch
 
-from rpt.model_call.compile_guard import CompileFailure, describe
-from rpt.sampling.common_step import step_tail
+from rpt.cli.devices import DTYPES
+from rpt.decode_forward.compile_guard import CompileFailure, describe
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.contexts import RotatedContexts
-from rpt.sampling.decode_state import DecodeState
-from rpt.sampling.proposal_layout import ProposalLayout
+from rpt.sampling.decode.compile_mode import compile_step
+from rpt.sampling.decode.contexts import RotatedContexts
+from rpt.sampling.decode.proposal_layout import ProposalLayout
+from rpt.sampling.decode.rpt_path import step_tail
+from rpt.sampling.decode.state import DecodeState
 from rpt.sampling.proposals import ntp_draws
-from rpt.sampling.step_compile import compile_step
 
 PROMPT, CAPACITY = 64, 256
 CONFIGS = {
@@ -129,7 +130,7 @@ def sync(device: torch.device) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--window", type=int, default=2, help="RPT window w: 1 NTP query and w - 1 PTP chains")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 16])

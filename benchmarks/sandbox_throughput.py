@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from rpt.benchmarks import humaneval as he
+from rpt.evaluation import humaneval as he
 from rpt.sandbox import Limits, bwrap_problem
 
 

@@ -7,8 +7,8 @@ Builds, in a temporary directory: a run directory whose metrics.jsonl and train.
 resumes; a token store of ``--shards`` shard files; a corpus of ``--files`` text files. Times
 (best of ``--repeats``):
 
-* ``check_run_files`` -- every record file read and parsed (rpt/training/run_files.py);
-* ``take_run_lock`` + ``release_run_lock`` -- the output directory's lock (rpt/training/run_lock.py);
+* ``check_run_files`` -- every record file read and parsed (rpt/training/run_dir/file_checks.py);
+* ``take_run_lock`` + ``release_run_lock`` -- the output directory's lock (rpt/training/run_dir/lock.py);
 * ``TokenStore(path)`` -- index.json checked, one ``stat`` per shard (rpt/data/token_store.py);
 * ``content_fingerprint`` -- one ``stat`` per corpus file, the key of a cached store;
 * ``TokenStore.check_unchanged`` -- a resume's check of the shards against its checkpoint's stamps:
@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rpt.data.sources import content_fingerprint  # noqa: E402
 from rpt.data.token_store import FORMAT, INDEX, VERSION, TokenStore  # noqa: E402
-from rpt.training.run_files import check_run_files  # noqa: E402
-from rpt.training.run_lock import release_run_lock, take_run_lock  # noqa: E402
-from rpt.training.run_log import step_line  # noqa: E402
+from rpt.training.run_dir.file_checks import check_run_files  # noqa: E402
+from rpt.training.run_dir.lock import release_run_lock, take_run_lock  # noqa: E402
+from rpt.training.run_dir.log import step_line  # noqa: E402
 
 
 def best(fn, repeats: int) -> float:

@@ -10,10 +10,10 @@ ratio rpt / ntp (the goal is >= 0.98); on a GPU also the MFU estimate of each an
 ``--compile`` compiles each transformer block as ``compile: true`` does (the first warm-up block
 pays the compilation); ``--optimizer`` overrides the AdamW kernel ``build_optimizer`` picks (fused
 where torch has one). With ``--precision bf16`` it also prints the share of the step's matrix-product
-FLOPs that ran in float32 (rpt.training.gemm_census; 0 means every product can use the tensor cores).
+FLOPs that ran in float32 (rpt.training.measure.gemm_census; 0 means every product can use the tensor cores).
 ``--batch auto`` takes the micro-batch ``micro_batch_size: auto`` would (rpt.training.micro_batch: searched on
 CUDA among the divisors of ``--global-batch``, estimated on the CPU) and says how; ``--profile N``
-profiles N more steps of each objective and prints where their time goes (rpt.training.step_profile: the top
+profiles N more steps of each objective and prints where their time goes (rpt.training.measure.step_profile: the top
 kernels, and the shares of matrix products, attention, the loss head, the optimizer and the rest).
 """
 
@@ -27,14 +27,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
-from rpt.training.build import build_optimizer
 from rpt.training.compiled_blocks import compile_blocks
 from rpt.training.config import TrainConfig
-from rpt.training.gemm_census import GemmCensus
-from rpt.training.metrics import device_peak_flops, flops_per_token
+from rpt.training.measure.gemm_census import GemmCensus
+from rpt.training.measure.metrics import device_peak_flops, flops_per_token
+from rpt.training.measure.step_profile import profile_steps
 from rpt.training.micro_batch import choose as choose_micro_batch
+from rpt.training.setup import build_optimizer
 from rpt.training.step import forward, make_batch, trial_step
-from rpt.training.step_profile import profile_steps
 
 
 def main() -> None:

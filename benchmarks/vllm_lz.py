@@ -18,13 +18,12 @@ the median. Reports tokens/s per arm and the ratios to ``none``, medians over ro
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from vllm_rounds import parse_args, run_rounds  # benchmarks/ (the script's folder, on sys.path)
 
 ARMS = ("none", "loaded", "lz")
 MODEL = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
@@ -87,36 +86,16 @@ def round_(args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--new", type=int, default=128)
-    ap.add_argument("--model", default="runs/bench_vllm/model")
-    ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # a child round
-    ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse_args(__doc__, ARMS, rounds=3, repeats=3, new=128, model="runs/bench_vllm/model")
     if args.arm:
         print(json.dumps(round_(args)))
         return
     build_model(args.model)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_CPU_KVCACHE_SPACE="2")
-    results: dict[tuple[str, int], list[float]] = {}
-    shares: dict[tuple[str, int], list[float]] = {}
-    for r in range(args.rounds):
-        for batch in args.batches:
-            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:  # alternated, and the order flipped every round
-                cmd = [sys.executable, __file__, "--arm", arm, "--batch", str(batch), "--model", args.model,
-                       "--repeats", str(args.repeats), "--new", str(args.new)]
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-                if out.returncode != 0:
-                    sys.exit(f"round {arm} batch {batch} failed:\n{out.stderr[-3000:]}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                results.setdefault((arm, batch), []).append(row["tokens_per_s"])
-                shares.setdefault((arm, batch), []).append(row["processor_share"])
-                print(f"round {r} batch {batch:3d} {arm:7s} {row['tokens_per_s']:8.1f} tokens/s, "
-                      f"{100 * row['processor_share']:.2f}% of the time in the processor", flush=True)
+    rows = run_rounds(__file__, args, ARMS, lambda r, batch, arm, row: f"round {r} batch {batch:3d} {arm:7s} "
+                      f"{row['tokens_per_s']:8.1f} tokens/s, {100 * row['processor_share']:.2f}% of the time in the "
+                      "processor")
+    results = {key: [row["tokens_per_s"] for row in value] for key, value in rows.items()}
+    shares = {key: [row["processor_share"] for row in value] for key, value in rows.items()}
     for batch in args.batches:
         base = statistics.median(results[("none", batch)])
         line = [f"batch {batch}: none {base:.1f} tokens/s"]

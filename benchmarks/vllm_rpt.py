@@ -22,13 +22,12 @@ included), corrections.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from vllm_rounds import parse_args, run_rounds  # benchmarks/ (the script's folder, on sys.path)
 
 ARMS = ("vllm_ntp", "vllm_rpt", "vllm_rpt_low", "ours")
 MODEL = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
@@ -123,35 +122,15 @@ def run_engine(args, ps) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--new", type=int, default=32)
-    ap.add_argument("--model", default="runs/bench_vllm_rpt/model")
-    ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # a child round
-    ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse_args(__doc__, ARMS, rounds=2, repeats=2, new=32, model="runs/bench_vllm_rpt/model")
     if args.arm:
         ps = prompts(args.batch)
         row = run_ours(args, ps) if args.arm == "ours" else run_engine(args, ps)
         print(json.dumps({"arm": args.arm, "batch": args.batch, **row}))
         return
     build_checkpoint(args.model)
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_CPU_KVCACHE_SPACE="2")
-    results: dict[tuple[str, int], list[dict]] = {}
-    for r in range(args.rounds):
-        for batch in args.batches:
-            for arm in ARMS if r % 2 == 0 else ARMS[::-1]:
-                cmd = [sys.executable, __file__, "--arm", arm, "--batch", str(batch), "--model", args.model,
-                       "--repeats", str(args.repeats), "--new", str(args.new)]
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-                if out.returncode != 0:
-                    sys.exit(f"round {arm} batch {batch} failed:\n{out.stderr[-3000:]}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                results.setdefault((arm, batch), []).append(row)
-                print(f"round {r} batch {batch:3d} {arm:12s} {json.dumps(row)}", flush=True)
+    results = run_rounds(__file__, args, ARMS, lambda r, batch, arm, row: f"round {r} batch {batch:3d} {arm:12s} "
+                         f"{json.dumps(row)}")
     for batch in args.batches:
         med = {arm: statistics.median(x["tokens_per_s"] for x in results[(arm, batch)]) for arm in ARMS}
         high, low = results[("vllm_rpt", batch)], results[("vllm_rpt_low", batch)]

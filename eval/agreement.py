@@ -1,4 +1,4 @@
-"""Where RPT wins: the pre-registered agreement-pairs study (issue 38, docs/agreement_preregistration.md).
+"""Where RPT wins: the pre-registered agreement-pairs study (docs/agreement_preregistration.md).
 
     python eval/agreement.py                                   # the official run: seeds 0-4, source seed 0
     python eval/agreement.py --source-seed 1 --seeds 10 11 --steps 200   # development
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.report import out_problem  # noqa: E402
-from rpt.studies import agreement_results as results  # noqa: E402
-from rpt.studies import agreement_run as runner  # noqa: E402
-from rpt.training.config import OneLineArgumentParser  # noqa: E402
+from rpt.cli.parser import OneLineArgumentParser  # noqa: E402
+from rpt.cli.study_command import refuse, run_study  # noqa: E402
+from rpt.studies.agreement import results  # noqa: E402
+from rpt.studies.agreement import run as runner  # noqa: E402
 
 
 def build_parser() -> OneLineArgumentParser:
@@ -63,41 +63,31 @@ def main(argv: list[str] | None = None) -> int:
             design = runner.design_from_args(args)
         except ValueError as e:
             problem = str(e)
-    if problem is None:
-        work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
-        official = runner.is_official(design, args.seeds)
-        out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
-        problem = out_problem(out, (".md", ".png", results.TVS_SUFFIX))
-        if problem is None and (work.exists() or work.is_symlink()) and not work.is_dir():
-            problem = f"--work {work} is a file; name a directory for the source and the runs"
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        summary = runner.run(design, args.seeds, work, steps=args.steps, parallel=args.parallel)
-    except runner.Refused as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    paths = results.write_outputs(out, summary)
-    print(Path(paths[1]).read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+        return refuse(problem)
+    work = Path(args.work or f"runs/agreement/source{design.source_seed}").resolve()
+    official = runner.is_official(design, args.seeds)
+    out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "agreement.json"))
+
+    def work_problem() -> str | None:
+        if (work.exists() or work.is_symlink()) and not work.is_dir():
+            return f"--work {work} is a file; name a directory for the source and the runs"
+        return None
+
+    return run_study(out, (".md", ".png", results.TVS_SUFFIX),
+                     lambda: runner.run(design, args.seeds, work, steps=args.steps, parallel=args.parallel),
+                     results.write_outputs, runner.Refused, check=work_problem)
 
 
 def report(path: str) -> int:
     if not Path(path).is_file():
-        print(f"error: --report {path}: no such results file; give the JSON a run wrote (e.g. {runner.OFFICIAL_OUT})",
-              file=sys.stderr)
-        return 2
+        return refuse(f"--report {path}: no such results file; give the JSON a run wrote (e.g. {runner.OFFICIAL_OUT})")
     try:
         paths = results.rereport(path)
     except KeyError as e:
-        print(f"error: --report {path}: not an agreement study's results (no {e}); give the JSON eval/agreement.py wrote",
-              file=sys.stderr)
-        return 2
+        return refuse(f"--report {path}: not an agreement study's results (no {e}); give the JSON eval/agreement.py wrote")
     except ValueError as e:  # json.JSONDecodeError is one
-        print(f"error: --report {path}: {e}", file=sys.stderr)
-        return 2
+        return refuse(f"--report {path}: {e}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

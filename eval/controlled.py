@@ -5,7 +5,7 @@
 
     python eval/controlled.py --sweep [--qs 0.05 0.1 0.3 0.6 1.0] [--seeds 0 1] [--out docs/theory_test.json]
 
-The sweep (issue 20, docs/theory_test_preregistration.md) trains from scratch with the RPT
+The sweep (docs/theory_test_preregistration.md) trains from scratch with the RPT
 objective (``configs/controlled_sweep.yaml``), one arm per q plus a pure-NTP arm, per seed, under
 ``--work``; it writes the crossovers, per-model r / TV_0 / TV_1 / signs, pooled intervals, Spearman
 and the practical test to ``--out`` (.md/.png beside it).
@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.studies.controlled_run import DEFAULT_OUT, FINETUNE_CONFIG, SWEEP_QS, run_controlled  # noqa: E402
-from rpt.studies.controlled_source import Design  # noqa: E402
+from rpt.studies.controlled.run import DEFAULT_OUT, FINETUNE_CONFIG, SWEEP_QS, run_controlled  # noqa: E402
+from rpt.studies.controlled.source import Design  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="draw these earlier results' measured points on the plot too")
     parser.add_argument("--parallel", type=int, default=2, help="training runs side by side (default %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads for the evaluation")
-    parser.add_argument("--sweep", action="store_true", help="the theory-test sweep (issue 20) instead")
+    parser.add_argument("--sweep", action="store_true", help="the pre-registered theory-test sweep (docs/theory_test_preregistration.md) instead")
     parser.add_argument("--qs", type=float, nargs="+", default=list(SWEEP_QS), help="sweep arms (q of the RPT objective)")
     parser.add_argument("--no-ntp-arm", action="store_true", help="sweep without the pure-NTP arm")
     parser.add_argument("--sweep-steps", type=int, default=None, help="override the sweep config's max_steps")

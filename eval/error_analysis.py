@@ -5,7 +5,7 @@
 
 At positions of the validation text with at least ``--min-context`` tokens of context (at most
 ``--context-len`` of them are fed), ``eps_k = 1 - p_k(x_i | x_<i)`` after k = 0..iters
-iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.studies.error_analysis`).
+iterations of the w = 2 RPT chain started from NTP (see :mod:`rpt.studies.error_analysis.analysis`).
 Text: ``--data F.jsonl`` (a ``text`` field per line), ``--text-file F`` (one document), or by
 default the validation split of the Python standard library. Each document is tokenised without
 special tokens and preceded by EOS, as in the training stream. ``--top-m M`` (default 16) is
@@ -26,23 +26,18 @@ import sys
 
 import torch
 
-from rpt.benchmarks.jsonl import EvalInputError
-from rpt.devices import check_device
-from rpt.report import out_problem
-from rpt.studies.error_analysis_run import run_error_analysis
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import REPORT_SIBLINGS, output_problem
+from rpt.cli.parser import OneLineArgumentParser, report_input_error
+from rpt.evaluation.user_jsonl import EvalInputError
+from rpt.studies.error_analysis.run import run_error_analysis
 
 DEFAULT_OUT = "runs/eval/error_analysis.json"
 DEFAULT_TOP_M = 16
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2, like every other bad input
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="RPT checkpoint directory (with its tokenizer)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--data", default=None, help="JSONL file with a 'text' field per line")
@@ -83,7 +78,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise EvalInputError("need --limit >= 0, --iters >= 1, --batch-size >= 1 and --top-m >= 1")
     if not 0.0 < args.val_fraction < 1.0:
         raise EvalInputError("--val-fraction must be in (0, 1)")
-    problem = out_problem(args.out)
+    problem = output_problem(args.out, "--out", siblings=REPORT_SIBLINGS)
     if problem is not None:  # before the model loads: a bad --out would fail only after the analysis
         raise EvalInputError(problem)
     check_device(args.device)
@@ -94,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return report_input_error(exc, traceback_hint=False)
     return run_error_analysis(args)
 
 

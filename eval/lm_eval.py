@@ -4,7 +4,7 @@
         --tasks gsm8k_local --include_path eval/lm_eval_tasks --limit 4 --output_path runs/lm_eval
 
 Every lm-eval flag applies; ``--model rpt`` takes ``pretrained`` plus every SamplingConfig knob
-through ``--model_args`` (see ``rpt/benchmarks/lm_eval_adapter.py``). ``gsm8k_local``
+through ``--model_args`` (see ``rpt/evaluation/lm_eval_adapter.py``). ``gsm8k_local``
 (``eval/lm_eval_tasks/gsm8k_local.yaml``) reads ``../shared/data/gsm8k`` relative to the directory
 it runs in, so it runs offline. Needs the ``lm-eval`` extra (``pip install -e '.[lm-eval]'``).
 """
@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
 
-        import rpt.benchmarks.lm_eval_adapter  # noqa: F401  (registers the "rpt" model)
+        import rpt.evaluation.lm_eval_adapter  # noqa: F401  (registers the "rpt" model)
     except ImportError as exc:
         print(f"error: lm-eval is not installed ({exc}); pip install -e '.[lm-eval]'", file=sys.stderr)
         return 2
-    from rpt.training.config import report_input_error
+    from rpt.cli.parser import report_input_error
 
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     try:

@@ -5,7 +5,7 @@
     python eval/mbpp.py --completions samples.jsonl --k 1 10 --out runs/eval/mbpp.json
 
 The 378 MBPP+ tasks from the EvalPlus data (``--data-dir``, default ``$RPT_EVALPLUS_DIR`` or
-``../shared/data/evalplus``), scored with EvalPlus semantics (see ``rpt/benchmarks/plus.py``):
+``../shared/data/evalplus``), scored with EvalPlus semantics (see ``rpt/evaluation/evalplus_scoring.py``):
 ``pass@k`` is "base + extra tests", ``base`` / ``plus`` hold both side by side.
 
 Prompt format (EvalPlus's, for base models): the task's prompt, a docstring with the problem
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import sys
 
-from rpt.benchmarks.code_benchmarks import MBPPPlus
-from rpt.benchmarks.script import run
+from rpt.evaluation.benchmark_script import run
+from rpt.evaluation.code_benchmarks import MBPPPlus
 
 
 def main(argv: list[str] | None = None) -> int:

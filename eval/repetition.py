@@ -18,19 +18,20 @@ import sys
 
 from tqdm import tqdm
 
-from rpt.benchmarks.generation import (
-    add_model_args,
+from rpt.cli.model_args import add_model_args
+from rpt.cli.parser import report_input_error
+from rpt.evaluation.batched_generation import (
     generate_texts,
     load_checkpoint,
     split_across_processes,
 )
-from rpt.benchmarks.jsonl import EvalInputError
-from rpt.benchmarks.sweep import fallback_note
-from rpt.report import ResultStore, save_figure, sibling, write_json, write_markdown
-from rpt.sampling.cli import add_sampling_args, sampling_config_from_args
+from rpt.evaluation.sweep import fallback_note
+from rpt.evaluation.user_jsonl import EvalInputError
+from rpt.result_files import ResultStore, save_figure, sibling, write_json, write_markdown
+from rpt.sampling.flags import add_sampling_args, sampling_config_from_args
 from rpt.sampling.loading import check_checkpoint
-from rpt.studies import repetition_study as study
-from rpt.studies.repetition_inputs import check_args, item_key, load_prompts
+from rpt.studies.repetition import study
+from rpt.studies.repetition.inputs import check_args, item_key, load_prompts
 
 STUDY_KNOBS = ("temperature", "repetition_penalty", "frequency_penalty", "lz_penalty", "lz_window", "lz_buffer",
                "rpt_iters", "rpt_window", "max_new_tokens")
@@ -69,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             check_checkpoint(window, s.config(base), args.checkpoint)
         prompts = load_prompts(args, tokenizer)
     except (EvalInputError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     store = ResultStore(args.out, fresh=args.fresh)
     mine, gather = split_across_processes(prompts)
     records: dict[str, list[dict]] = {}

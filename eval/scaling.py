@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rpt.report import out_problem  # noqa: E402
-from rpt.studies import scaling_run as runner  # noqa: E402
-from rpt.studies.scaling_design import CONFIG, Design  # noqa: E402
+from rpt.cli.study_command import refuse, run_study  # noqa: E402
+from rpt.studies.scaling import run as runner  # noqa: E402
+from rpt.studies.scaling.design import CONFIG, Design  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,26 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         design, changed = design_from_args(args)
         design.check()
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return refuse(str(e))
     seeds = args.seeds if args.seeds is not None else list(design.seeds)
     official = runner.is_official(design, seeds)
     work = Path(args.work or (runner.DEFAULT_WORK if official else "runs/scaling_dev")).resolve()
     out = args.out or (str(ROOT / runner.OFFICIAL_OUT) if official else str(work / "scaling.json"))
-    problem = out_problem(out, (".md", ".png"))
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    try:
-        summary = runner.run(design, seeds, work, parallel=max(1, args.parallel), changed=changed, sizes=args.sizes,
-                             measure_threads=1 if args.parallel > 1 else None)
-    except runner.Refused as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    paths = runner.write_outputs(out, summary)
-    print(Path(paths[1]).read_text(encoding="utf-8"))
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    return run_study(out, (".md", ".png"),
+                     lambda: runner.run(design, seeds, work, parallel=max(1, args.parallel), changed=changed,
+                                        sizes=args.sizes, measure_threads=1 if args.parallel > 1 else None),
+                     runner.write_outputs, runner.Refused)
 
 
 if __name__ == "__main__":

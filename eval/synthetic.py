@@ -14,8 +14,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rpt.report import out_problem, save_figure, sibling, write_json, write_markdown
-from rpt.studies import synthetic as syn
+from rpt.cli.output_paths import output_problem
+from rpt.cli.parser import report_input_error
+from rpt.errors import InputError
+from rpt.result_files import save_figure, sibling, write_json, write_markdown
+from rpt.studies.sec3 import synthetic as syn
 
 DEFAULT_OUT = "runs/eval/synthetic.json"
 COLUMNS = ("name", "eps_n", "eps_p", "tv_ntp_mean", "tv_rpt_mean", "max_ntp_mean", "max_rpt_mean",
@@ -64,12 +67,11 @@ def write_outputs(out: str | Path, args: argparse.Namespace, by_level: dict[floa
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # each of the run's arrays holds trials x V x V float64 numbers: 2^26 of them is 512 MB
-    problem = out_problem(args.out, (".md", ".png")) or (
+    problem = output_problem(args.out, "--out", siblings=(".md", ".png")) or (
         None if args.trials >= 1 and args.vocab >= 2 and args.trials * args.vocab**2 <= 2**26 else
         "need --trials >= 1, --vocab >= 2 and --trials x --vocab^2 <= 2^26 (each array is trials x V x V floats)")
     if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return report_input_error(InputError(problem), traceback_hint=False)
     by_level = run(args.trials, args.seed, args.vocab)
     paths = write_outputs(args.out, args, by_level)
     print(open(paths[1], encoding="utf-8").read())

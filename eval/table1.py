@@ -19,18 +19,17 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from rpt.benchmarks import table1
-from rpt.benchmarks.code_benchmarks import HumanEval, MBPPPlus
-from rpt.benchmarks.gsm8k import GSM8K
-from rpt.benchmarks.script import DTYPES, run
 from rpt.checkpoint.model_ref import resolve_model_ref
-from rpt.sampling.chat import CHAT_HELP, add_chat_arg, require_chat_template
-from rpt.sampling.cli import add_compile_arg
+from rpt.cli.model_args import add_model_args
+from rpt.cli.parser import report_input_error
+from rpt.evaluation import table1
+from rpt.evaluation.benchmark_script import run
+from rpt.evaluation.code_benchmarks import HumanEval, MBPPPlus
+from rpt.evaluation.gsm8k import GSM8K
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.entry_defaults import TABLE1, explain_defaults
 from rpt.sampling.loading import load_tokenizer, rpt_window_of
+from rpt.sampling.text.chat import CHAT_HELP, add_chat_arg, require_chat_template
 from rpt.sandbox import ISOLATION_MODES
 
 BENCHMARKS = {"humaneval_plus": HumanEval, "mbpp_plus": MBPPPlus, "gsm8k": GSM8K}
@@ -38,7 +37,7 @@ BENCHMARKS = {"humaneval_plus": HumanEval, "mbpp_plus": MBPPPlus, "gsm8k": GSM8K
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="RPT checkpoint directory")
+    group = add_model_args(parser)
     parser.add_argument("--out", default="runs/table1", help="output folder")
     parser.add_argument("--windows", type=int, nargs="+", default=[2, 3], help="RPT windows w (paper: 2, and 3 in B.1)")
     parser.add_argument("--rpt-iters", type=int, nargs="+", default=[0, 1, 2], help="k values (0 = NTP)")
@@ -54,15 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shots", type=int, default=8, help="GSM8K few-shot examples")
     parser.add_argument("--evalplus-dir", default=None, help="EvalPlus data folder (default: $RPT_EVALPLUS_DIR, "
                                                               "else ../shared/data/evalplus)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    add_compile_arg(parser)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="weights dtype (default: %(default)s; auto: bfloat16 on CUDA, float32 on CPU)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
     parser.add_argument("--isolation", default="auto", choices=ISOLATION_MODES)
     parser.add_argument("--fresh", action="store_true", help="forget stored generations and executions")
-    add_chat_arg(parser, CHAT_HELP + " (each benchmark's chat prompt: see eval/humaneval.py and eval/gsm8k.py --help)")
+    add_chat_arg(group, CHAT_HELP + " (each benchmark's chat prompt: see eval/humaneval.py and eval/gsm8k.py --help)")
     return explain_defaults(parser, TABLE1)
 
 
@@ -75,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             require_chat_template(load_tokenizer(args.checkpoint), args.checkpoint, table1.chat_probes(args.benchmarks))
         trained = rpt_window_of(args.checkpoint) or 0
     except ValueError as e:  # ModelRefError, ConfigError and ChatTemplateError are ValueErrors
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return report_input_error(e, traceback_hint=False)
     windows = [w for w in args.windows if w <= trained or set(args.rpt_iters) <= {0}]
     skipped = sorted(set(args.windows) - set(windows))
     if skipped:

@@ -3,8 +3,8 @@
 Their writers append whole lines (text and newline in one write), so a kill can only cut the
 *last* line short: a torn last line is dropped and the reader says so (:attr:`LogLines.torn`).
 Any other line that does not parse is damage (an edit, a disk error, two runs writing one file):
-one error naming the file and the line, never a silent cut at the first bad line, which used to
-drop every row after a bad first line. Bytes that are not UTF-8 and a directory where the file
+one error naming the file and the line, never a silent cut at the first bad line (which would drop
+every row after it). Bytes that are not UTF-8 and a directory where the file
 should be are one error naming the file. Reading costs one pass over a file of one line per
 logged step (a few milliseconds at 10^5 lines), once at start-up.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpt.config_errors import ConfigError
+from rpt.errors import ConfigError
 
 
 @dataclass
@@ -129,7 +129,7 @@ class NotAJSONObject(ValueError):
 
 def json_object(text: str) -> dict[str, Any]:
     """One line of JSON Lines as its object (:class:`NotAJSONObject` saying why not): the one parse of a
-    line of the run's logs (:func:`read_log`), of user JSONL (``rpt.benchmarks.jsonl``) and of
+    line of the run's logs (:func:`read_log`), of user JSONL (``rpt.evaluation.user_jsonl``) and of
     ``sample.py --prompts``."""
     try:
         value = json.loads(text)

@@ -3,7 +3,7 @@
 transformers runs ``custom_generate/generate.py`` of a checkpoint directory (or hub repo) in place
 of its own ``generate``; every RPT checkpoint carries one (:func:`rpt.checkpoint.custom_generate.write_custom_generate`) that
 calls :func:`generate` here. The model is the plain HF model (``AutoModelForCausalLM``); its
-checkpoint's offset table (:mod:`rpt.checkpoint.faithful`) turns it back into the RPT model, sharing its
+checkpoint's offset table (:mod:`rpt.checkpoint.folded_weights`) turns it back into the RPT model, sharing its
 weights, and :func:`rpt.sampling.generate` decodes: token for token what the package's own API
 gives on ``RPTForCausalLM.from_pretrained`` of the same checkpoint.
 
@@ -29,7 +29,7 @@ from rpt.checkpoint.model_ref import resolve_model_ref
 from rpt.checkpoint.rpt_config import read_rpt_config
 from rpt.model.wrapper import RPT_CONFIG_NAME, RPTForCausalLM
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.fast_decoder import generate as rpt_generate
+from rpt.sampling.decode.generate import generate as rpt_generate
 from rpt.sampling.loading import check_checkpoint
 from rpt.shared_switch import switched
 

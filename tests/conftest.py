@@ -6,7 +6,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
-# A compile failure raises (rpt.model_call.compile_guard): no compile test passes by silently decoding eagerly;
+# A compile failure raises (rpt.decode_forward.compile_guard): no compile test passes by silently decoding eagerly;
 # the fallback's own tests switch it off.
 os.environ.setdefault("RPT_STRICT_COMPILE", "1")
 

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.import_graph import find_cycle, import_graph, module_files
-from tests.scripts import ROOT
+from tests.helpers.import_graph import find_cycle, import_graph, module_files
+from tests.helpers.scripts import ROOT
 
 DESIGN = ROOT / "docs" / "design.md"
 LAYER_ITEM = re.compile(r"^(\d+)\. \*\*([^*]+)\*\* -- (.*)$")
@@ -183,6 +184,33 @@ def test_no_package_init_over_80_lines_and_no_module_over_500():
     long_modules = {str(p.relative_to(ROOT)): n for p in files if (n := len(p.read_text().splitlines())) > 500}
     assert long_inits == {} and long_modules == {}
 
+
+
+MAX_SIBLINGS = 15
+
+
+def sibling_counts(root) -> dict[str, int]:
+    """``{package: its modules, ``__init__`` aside}`` for every package under ``root`` (a sub-package is a
+    folder of its own, not a sibling module)."""
+    return {str(init.parent.relative_to(Path(root).parent)):
+            sum(1 for p in init.parent.glob("*.py") if p.name != "__init__.py")
+            for init in sorted(Path(root).rglob("__init__.py"))}
+
+
+def test_no_package_holds_more_than_15_sibling_modules():
+    """A reader finds a module among at most 15 neighbours; a package past that is cut into sub-packages
+    by job (docs/design.md, "Packages by job, and why")."""
+    crowded = {pkg: n for pkg, n in sibling_counts(ROOT / "rpt").items() if n > MAX_SIBLINGS}
+    assert crowded == {}
+
+
+def test_sibling_count_on_a_hand_made_tree(tmp_path):
+    pkg = tmp_path / "p"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py"):
+        (pkg / f).write_text("")
+    (pkg / "data").mkdir()  # a folder without __init__ is no package
+    assert sibling_counts(pkg) == {"p": 2, "p/sub": 1}
 
 MAY_IMPORT = re.compile(r"^\* \*\*`rpt/(\w+)/`\*\* \(may import: ([\w, ]+)\)", re.M)
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.scripts import ROOT
+from tests.helpers.scripts import ROOT
 
 FROZEN = [
     "rpt.hf_generate:generate",
@@ -21,7 +21,7 @@ FROZEN = [
     "rpt.integrations.vllm_rpt.worker:RPTCPUWorker",
     "rpt.integrations.vllm_rpt.scheduler:RPTScheduler",
     "rpt.integrations.vllm_rpt.drafts:Drafts",
-    "rpt.benchmarks.lm_eval_adapter:RPTLM",
+    "rpt.evaluation.lm_eval_adapter:RPTLM",
     "rpt.sampling:generate",
     "rpt.sampling:SamplingConfig",
     "rpt.model:RPTForCausalLM",

@@ -4,7 +4,7 @@ transformers runs a checkpoint's ``custom_generate/generate.py`` for ``model.gen
 ...)``; the file is two lines around ``from rpt.hf_generate import generate`` (:mod:`rpt.hf_generate`, a
 frozen path: every checkpoint ever saved names it). Its text is kept here as data, not as a module of
 the package, so the checkpoint format, which :meth:`~rpt.model.RPTForCausalLM.save_pretrained` writes,
-does not import the sampler it names (the layer order of docs/design.md). ``tests/test_old_checkpoint.py``
+does not import the sampler it names (the layer order of docs/design.md). ``tests/checkpoint/test_old_checkpoint.py``
 holds both files byte for byte to those of a checkpoint saved before.
 """
 

@@ -21,6 +21,9 @@ import re
 import shutil
 from typing import Any
 
+from rpt.errors import CheckpointError
+from rpt.result_files import write_atomic
+
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 
@@ -66,16 +69,8 @@ def commit_dir(tmp_path: str, final_path: str) -> None:
 
 
 def write_json_atomic(path: str, data: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that cannot be trusted or read: the message names the file and the fix."""
+    """A checkpoint's JSON record (indented, anything else as its ``str``), written atomically."""
+    write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def read_json_file(path: str, what: str) -> Any:

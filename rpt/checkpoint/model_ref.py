@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import os
 
+from rpt.errors import ModelRefError
+
 # Files one of which every model or tokenizer repository has: one of them cached = the repo was fetched.
 CACHE_MARKERS = ("config.json", "tokenizer_config.json", "adapter_config.json", "tokenizer.json")
 HUB_TIMEOUT_S = 10.0
-
-
-class ModelRefError(ValueError):
-    """A model reference that does not name a loadable model; the message says why and the fix."""
 
 
 def hub_offline() -> bool:

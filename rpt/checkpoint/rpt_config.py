@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpt.checkpoint.directories import CheckpointError
-from rpt.checkpoint.faithful import FORMAT_FOLDED, FORMAT_UNFOLDED
+from rpt.checkpoint.folded_weights import FORMAT_FOLDED, FORMAT_UNFOLDED
 
 RPT_CONFIG_NAME = "rpt_config.json"
 # Not a top-level *.safetensors: weight loaders that glob the directory would read it as model weights.

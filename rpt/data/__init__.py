@@ -6,16 +6,16 @@
 * :mod:`rpt.data.token_store` the on-disk token store: parallel atomic writer, positional reader
 * :mod:`rpt.data.order`       the seeded O(1)-memory permutation of chunks per epoch
 * :mod:`rpt.data.packed`      chunks of a store by global sample index (map-style training)
-* :mod:`rpt.data.streaming`   streamed training: per-rank packing in resumable DataLoader workers
-* :mod:`rpt.data.build`       config -> the run's training and validation data
+* :mod:`rpt.data.rank_stream`   streamed training: per-rank packing in resumable DataLoader workers
+* :mod:`rpt.data.run_data`       config -> the run's training and validation data
 """
 
-from rpt.data.build import build_packed, build_tokenizer, default_store_path, prepare_store, split_sources
-from rpt.data.errors import DataError
 from rpt.data.packed import PackedStore, StoreBatches
+from rpt.data.run_data import build_packed, build_tokenizer, default_store_path, prepare_store, split_sources
 from rpt.data.sources import stdlib_files, stdlib_texts
 from rpt.data.token_store import TokenStore, write_token_store
 from rpt.data.tokenizer import EOS_TOKEN, load_or_train_tokenizer, tokenizer_fingerprint, train_bpe_tokenizer
+from rpt.errors import DataError
 
 __all__ = [
     "EOS_TOKEN", "DataError", "PackedStore", "StoreBatches", "TokenStore", "build_packed", "build_tokenizer",

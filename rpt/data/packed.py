@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from rpt.data.errors import DataError
 from rpt.data.order import ChunkOrder
 from rpt.data.token_store import TokenStore
+from rpt.errors import DataError
 
 
 class PackedStore:

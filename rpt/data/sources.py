@@ -30,7 +30,7 @@ import sys
 import sysconfig
 from typing import Any
 
-from rpt.data.errors import DataError
+from rpt.errors import DataError
 
 STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3"}
 SOURCE_KINDS = ("stdlib", "path", "hub", "tokens")
@@ -359,7 +359,7 @@ def source_documents(source: dict[str, Any], holdout: str | None, val_fraction: 
             ds = ds.rename_column(field, "text")
         ds = ds.select_columns(["text"])
     elif "tokens" in source:
-        raise DataError(f"{source!r} is a token store, not text; it is read directly (rpt.data.build)")
+        raise DataError(f"{source!r} is a token store, not text; it is read directly (rpt.data.run_data)")
     else:
         raise DataError(f"data source {source!r} needs one of the keys {', '.join(SOURCE_KINDS)}")
     if hashed_split:

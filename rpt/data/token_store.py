@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from rpt.data.errors import DataError
 from rpt.data.tokenizer import backend_of, bos_id, encode_documents, eos_id, tokenizer_fingerprint
+from rpt.errors import DataError
 
 INDEX = "index.json"
 FORMAT = "rpt-token-store"
@@ -438,7 +438,7 @@ def write_token_store(
 
     docs = as_documents(docs)
     dtype = token_dtype(len(tokenizer))
-    tmp = f"{path.rstrip('/')}.tmp-{os.getpid()}"
+    tmp = f"{path.rstrip('/')}.tmp-{os.getpid()}"  # a directory of shards (not write_atomic's file), renamed whole
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     writer = _ShardWriter(tmp, dtype, shard_tokens)

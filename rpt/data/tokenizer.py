@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from rpt.data.errors import DataError
 from rpt.data.sources import content_fingerprint, is_token_store, texts
+from rpt.errors import DataError
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -51,7 +51,7 @@ def load_or_train_tokenizer(spec: Any, sources: Any, val_fraction: float, seed: 
         path = os.path.join(cache_dir or "runs/cache", f"tokenizer-{key}")
         if not os.path.isdir(path):
             tok = train_bpe_tokenizer(texts(sources, holdout, val_fraction, seed), vocab_size)
-            tmp = f"{path}.{os.getpid()}.tmp"
+            tmp = f"{path}.{os.getpid()}.tmp"  # a directory (not write_atomic's file); the first rename wins
             tok.save_pretrained(tmp)
             try:
                 os.rename(tmp, path)

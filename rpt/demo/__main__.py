@@ -1,7 +1,7 @@
-"""``python -m rpt.demo``: the demo's command line (:mod:`rpt.demo.cli`)."""
+"""``python -m rpt.demo``: the demo's command line (:mod:`rpt.demo.protocol`)."""
 
 import sys
 
-from rpt.demo.cli import main
+from rpt.demo.protocol import main
 
 sys.exit(main())

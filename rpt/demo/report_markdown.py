@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rpt.report import markdown_table
+from rpt.result_files import markdown_table
 
 
 def render_markdown(rep: dict, out: Path) -> str:
@@ -69,7 +69,7 @@ def _seed_markdown(study: dict, steps: int) -> list[str]:
              c["observed_sign"]] for what, c in (("RPT NTP - AR-F NTP", study["ntp_gap"]),
                                                   ("RPT PTP-1 - RPT NTP", study["ptp1_minus_ntp"]))]
     return [f"Over training seeds {', '.join(map(str, study['seeds']))} ({steps} fine-tune steps each; the table "
-            "above is the first seed's; rpt.studies.seeds says how each interval is made):", "",
+            "above is the first seed's; rpt.studies.seed_study says how each interval is made):", "",
             markdown_table(["difference (nats/token)", "per seed", "mean", "95% CI over seeds (t)",
                             "95% CI over validation batches", "observed sign"], rows)]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rpt.demo.processes import Background
-from rpt.report import write_json
+from rpt.result_files import write_json
 
 
 class Stages:

@@ -1,13 +1,13 @@
 """The report's line on the pre-registered agreement study, which the demo does not rerun: read from
 its committed results (``docs/agreement.json``), the gap decomposed into RPT sampling and RPT training
-(:mod:`rpt.studies.agreement_decomposition`)."""
+(:mod:`rpt.studies.agreement.decomposition`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from rpt.studies.agreement_decomposition import decompose
+from rpt.studies.agreement.decomposition import decompose
 
 AGREEMENT_RESULTS = Path(__file__).resolve().parents[2] / "docs" / "agreement.json"
 

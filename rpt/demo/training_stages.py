@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rpt.demo.processes import ROOT, run_command
 from rpt.training.config import load_config
-from rpt.training.metrics import read_metrics
+from rpt.training.measure.metrics import read_metrics
 
 # Every evaluation of a demo run reads the whole validation split (about 86 batches of 16 x 129
 # tokens; the count is capped at what exists): the first 8 batches, the training default, are a

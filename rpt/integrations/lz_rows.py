@@ -3,9 +3,9 @@
 Each live LZ row keeps its last ``W`` context tokens and their match lengths in device tensors
 (right-aligned, -1 gaps), in a slot of its setting's group: one ``[slots, W]`` pair per distinct
 setting of the live rows. Every step each row gains the token the engine appended to its output
-list: :func:`rpt.sampling.lz_incremental.append_token` updates the row on the device in O(W) (the
-recurrence of :class:`~rpt.sampling.lz_incremental.LZMatchTracker`), so no history is rebuilt from
-Python lists; the penalty itself is :func:`rpt.sampling.lz_logits.apply_codelength` /
+list: :func:`rpt.sampling.lz.incremental.append_token` updates the row on the device in O(W) (the
+recurrence of :class:`~rpt.sampling.lz.incremental.LZMatchTracker`), so no history is rebuilt from
+Python lists; the penalty itself is :func:`rpt.sampling.lz.logits.apply_codelength` /
 ``apply_closest_longest`` on the LZ rows only, in place. Rows without LZ are never read or
 written. No vLLM import: the unit tests drive it with the engine's batch operations (add, remove,
 move, swap).
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from rpt.integrations.lz_settings import LZSettings
-from rpt.sampling.lz import lz_match_lengths
-from rpt.sampling.lz_incremental import append_token
-from rpt.sampling.lz_logits import apply_closest_longest, apply_codelength, penalty_table
+from rpt.sampling.lz.definition import lz_match_lengths
+from rpt.sampling.lz.incremental import append_token
+from rpt.sampling.lz.logits import apply_closest_longest, apply_codelength, penalty_table
 
 
 @dataclass

@@ -9,7 +9,7 @@ another request. A setting is found in a dict (O(1)).
 
 Each step (:meth:`LZSlots.apply`) the rows of each setting present in the batch are found on the
 host from the step's slot list (``ctx.idx_mapping_np``), and only those rows' last ``W`` context
-tokens are gathered from the device history and matched (:func:`~rpt.sampling.lz.lz_match_lengths`):
+tokens are gathered from the device history and matched (:func:`~rpt.sampling.lz.definition.lz_match_lengths`):
 the work is proportional to the live LZ rows. The row index is rebuilt (one small host-to-device
 copy) only when the batch's slots or their settings change, not in a steady decode. Under
 speculative decoding a request owns several logits rows whose count the host does not see; then
@@ -23,8 +23,8 @@ import math
 import torch
 
 from rpt.integrations.lz_settings import LZSettings
-from rpt.sampling.lz import lz_match_lengths
-from rpt.sampling.lz_logits import apply_closest_longest, apply_codelength, penalty_table
+from rpt.sampling.lz.definition import lz_match_lengths
+from rpt.sampling.lz.logits import apply_closest_longest, apply_codelength, penalty_table
 
 
 class _SlotGroup:

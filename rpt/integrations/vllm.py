@@ -7,7 +7,7 @@
 Per request, ``SamplingParams.extra_args`` takes :class:`~rpt.sampling.config.SamplingConfig`'s
 names (``lz_penalty``, ``lz_window``, ``lz_buffer``, ``lz_variant``, ``lz_include_prompt``;
 :mod:`rpt.integrations.lz_settings`), checked at admission; a request without ``lz_penalty`` is
-untouched. The penalty is :mod:`rpt.sampling.lz`'s, so the tokens equal ``rpt.sampling.generate``'s.
+untouched. The penalty is :mod:`rpt.sampling.lz.definition`'s, so the tokens equal ``rpt.sampling.generate``'s.
 
 vLLM has two processor interfaces: V1's model runner (CPU builds, and GPU ones without Triton or
 with ``VLLM_USE_V2_MODEL_RUNNER=0``) and Model Runner V2 (the GPU default since it exists). Both
@@ -78,7 +78,7 @@ class LZPenaltyV2(*([V2LogitsProcessor] if V2LogitsProcessor else [])):
     """Model Runner V2 interface: per-slot settings from ``add_request``; each step, each LZ row's last
     W context tokens are gathered from ``req_states.all_token_ids`` (committed tokens) and the
     step's ``input_ids`` (draft tokens under speculative decoding), then the match lengths are
-    computed from scratch on the device (:func:`~rpt.sampling.lz.lz_match_lengths`, no host sync).
+    computed from scratch on the device (:func:`~rpt.sampling.lz.definition.lz_match_lengths`, no host sync).
     The state and the step are :class:`~rpt.integrations.lz_slots.LZSlots` (no vLLM import)."""
 
     def __init__(self, vllm_config, req_states) -> None:

@@ -10,7 +10,7 @@ family is refused when either cannot work:
   cannot reach them: training would read the permuted order as the text's order, and decoding
   would not match the reference.
 * **an input embedding that is not a row lookup times a constant** -- the saved checkpoint folds
-  the NTP row into the embedding matrix (:mod:`rpt.checkpoint.faithful`), exact only for such an
+  the NTP row into the embedding matrix (:mod:`rpt.checkpoint.folded_weights`), exact only for such an
   embedding; any other would make plain ``transformers`` compute another model.
 
 The families tested end to end (wrap == base, a training step, fast == reference decoding,
@@ -25,9 +25,9 @@ import inspect
 import torch
 from torch import nn
 
-from rpt.checkpoint.faithful import input_embedding_scale
+from rpt.checkpoint.folded_weights import input_embedding_scale
 
-# model_type -> the name the docs use; every one checked by tests/test_model_zoo.py; README.md and docs/science.md list them
+# model_type -> the name the docs use; every one checked by tests/end_to_end/test_model_zoo.py; README.md and docs/science.md list them
 TESTED_FAMILIES = {
     "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "mixtral": "Mixtral", "phi": "Phi",
     "phi3": "Phi-3", "gpt_neox": "GPT-NeoX", "olmo2": "OLMo 2", "granite": "Granite", "stablelm": "StableLM",
@@ -99,7 +99,7 @@ def _materialised(weight: torch.Tensor) -> bool:
 
 def embedding_refusal(lm: nn.Module) -> str | None:
     """Why ``lm``'s input embedding cannot take the folded NTP row: its output is not ``weight[ids]``
-    times :func:`~rpt.checkpoint.faithful.input_embedding_scale` (checked on a few rows)."""
+    times :func:`~rpt.checkpoint.folded_weights.input_embedding_scale` (checked on a few rows)."""
     embedding = lm.get_input_embeddings()
     weight = getattr(embedding, "weight", None)
     if weight is not None and not _materialised(weight):

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
 from rpt.checkpoint.directories import CheckpointError, clear_dir, commit_dir, temp_dir_for
-from rpt.checkpoint.faithful import module_key
+from rpt.checkpoint.folded_weights import module_key
 from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
 from rpt.model.wrapper import (
     RPT_CONFIG_NAME,

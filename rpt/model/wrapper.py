@@ -10,14 +10,13 @@ logits: fine-tuning starts from the pretrained NTP model, as in the paper.
 
 A checkpoint is a normal HF directory (config + safetensors + tokenizer) plus ``rpt_config.json``
 and the offset table in ``rpt_table/offset_embedding.safetensors``. Its base weights hold the
-table's NTP row folded into the input embedding (format version 2, :mod:`rpt.checkpoint.faithful`), so
+table's NTP row folded into the input embedding (format version 2, :mod:`rpt.checkpoint.folded_weights`), so
 ``AutoModelForCausalLM`` -- and vLLM -- loads exactly the trained model's next-token predictor;
-version-1 checkpoints (unfolded) still load here.
+version-1 checkpoints (unfolded) load here too.
 
 The table lives in a subfolder because engines that serve the plain model (vLLM, SGLang, TGI)
 load every top-level ``*.safetensors`` of the directory and refuse a tensor the architecture does
-not have. Checkpoints written before that (the table at the top level, :data:`LEGACY_TABLE_NAME`)
-still load here.
+not have. Checkpoints with the table at the top level (:data:`LEGACY_TABLE_NAME`) load here too.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from transformers.utils import ModelOutput
 
 from rpt.checkpoint.custom_generate import write_custom_generate
 from rpt.checkpoint.directories import CheckpointError, unpickling_detail
-from rpt.checkpoint.faithful import (
+from rpt.checkpoint.folded_weights import (
     FORMAT_FOLDED,
     embeddings_tied,
     fold_ntp_row,
@@ -168,7 +167,34 @@ def split_losses(per_token: torch.Tensor, labels: torch.Tensor, kinds: torch.Ten
 
 
 class RPTForCausalLM(nn.Module):
-    """A causal LM that also predicts previous tokens inside a window of ``w`` tokens."""
+    """A causal LM that also predicts previous tokens inside a window of ``w`` tokens.
+
+    Build one with :meth:`from_base` (a loaded HF model) or :meth:`from_pretrained` (a directory or hub
+    id), write it with :meth:`save_pretrained`. ``forward`` takes ``input_ids`` and, for PTP,
+    ``position_ids`` and ``offset_ids`` (:mod:`rpt.model.objective`); decode with :func:`rpt.sampling.generate`.
+
+    Args:
+        base: the Hugging Face causal LM to wrap (its weights, no copy).
+        window: ``w >= 2``, the tokens the permuted window spans (the paper uses 2 or 3).
+
+    Raises:
+        ValueError: ``window`` is not an integer >= 2.
+        rpt.model.architectures.UnsupportedArchitecture: a family RPT cannot hold (ALiBi models).
+
+    Example:
+        A freshly wrapped model's next-token logits are the base model's (the offset table starts at zero):
+
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> from rpt.model import RPTForCausalLM
+        >>> _ = torch.manual_seed(0)
+        >>> base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+        ...                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> model = RPTForCausalLM(base, window=3)
+        >>> ids = torch.tensor([[1, 2, 3]])
+        >>> torch.equal(model(ids).logits, base(ids).logits)
+        True
+    """
 
     def __init__(self, base: PreTrainedModel, window: int):
         super().__init__()
@@ -192,9 +218,30 @@ class RPTForCausalLM(nn.Module):
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_base(cls, model: PreTrainedModel, window: int) -> RPTForCausalLM:
-        """Wrap ``model`` with a zero offset table: logits are exactly the base model's. A family RPT cannot
-        hold (ALiBi models: BLOOM, MPT, Falcon with ``alibi=True``) is refused in one line
-        (:class:`~rpt.model.architectures.UnsupportedArchitecture`, :mod:`rpt.model.architectures`)."""
+        """Wrap ``model`` with a zero offset table: logits are exactly the base model's.
+
+        Args:
+            model: a Hugging Face causal LM (rotary or learned positions).
+            window: ``w >= 2``, the tokens the permuted window spans.
+
+        Returns:
+            The wrapped model, sharing ``model``'s weights.
+
+        Raises:
+            rpt.model.architectures.UnsupportedArchitecture: a family RPT cannot hold (ALiBi models: BLOOM,
+                MPT, Falcon with ``alibi=True``), refused in one line (:mod:`rpt.model.architectures`).
+
+        Example:
+            >>> import torch
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> from rpt.model import RPTForCausalLM
+            >>> _ = torch.manual_seed(0)
+            >>> base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+            ...                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+            >>> model = RPTForCausalLM.from_base(base, window=2)
+            >>> model.window, model.lm is base
+            (2, True)
+        """
         return cls(model, window)
 
     @classmethod
@@ -202,11 +249,38 @@ class RPTForCausalLM(nn.Module):
                         **hf_kwargs) -> RPTForCausalLM:
         """Load an RPT checkpoint, or wrap a plain HF causal LM (then ``window`` is required).
 
-        ``hf_kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
-        ``attn_implementation``, ``revision``, ...). For an RPT checkpoint ``window`` may be
-        smaller than the trained one (the table keeps all trained rows) but not larger. A LoRA
-        checkpoint (:mod:`rpt.model.lora`) loads with its adapter merged into the base weights. A model
-        saved untied because it was tied (:mod:`rpt.checkpoint.faithful`) is tied again unless ``retie=False``.
+        Args:
+            path_or_id: a checkpoint directory or hub id.
+            window: for a plain causal LM, required (the new table's ``w``); for an RPT checkpoint, checked
+                to be at most the trained window (the model keeps the trained window and every row).
+            retie: a model saved untied because it was tied (:mod:`rpt.checkpoint.folded_weights`) is
+                tied again unless ``retie=False``.
+            **hf_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (``torch_dtype``,
+                ``attn_implementation``, ``revision``, ...).
+
+        Returns:
+            The model the checkpoint holds; a LoRA checkpoint (:mod:`rpt.model.lora`) loads with its
+            adapter merged into the base weights.
+
+        Raises:
+            ValueError: a plain causal LM without ``window``, or a ``window`` larger than the trained one.
+            rpt.checkpoint.directories.CheckpointError: weights or ``rpt_config.json`` that cannot be read
+                safely, named in one line.
+
+        Example:
+            >>> import tempfile, torch
+            >>> from transformers import LlamaConfig, LlamaForCausalLM
+            >>> from rpt.model import RPTForCausalLM
+            >>> _ = torch.manual_seed(0)
+            >>> base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+            ...                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+            >>> rpt_dir, plain_dir = tempfile.mkdtemp(), tempfile.mkdtemp()
+            >>> RPTForCausalLM.from_base(base, window=3).save_pretrained(rpt_dir)
+            >>> RPTForCausalLM.from_pretrained(rpt_dir).window
+            3
+            >>> base.save_pretrained(plain_dir)  # a plain causal LM: wrapped with a zero table
+            >>> RPTForCausalLM.from_pretrained(plain_dir, window=2).window
+            2
         """
         path_or_id = str(path_or_id)
         lookup = {k: hf_kwargs[k] for k in ("revision", "cache_dir", "token", "local_files_only") if k in hf_kwargs}
@@ -261,11 +335,32 @@ class RPTForCausalLM(nn.Module):
         return model
 
     def save_pretrained(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None, **hf_kwargs) -> None:
-        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.checkpoint.faithful`) plus the
-        relative offset table and ``rpt_config.json``. The in-memory model is not changed.
+        """Write a faithful HF checkpoint (NTP row folded in, :mod:`rpt.checkpoint.folded_weights`) plus the
+        relative offset table, ``rpt_config.json`` and ``custom_generate/``. The in-memory model is not changed.
 
-        ``state_dict`` (keys as in ``self.state_dict()``) lets a sharded run (DeepSpeed ZeRO-3)
-        pass its gathered weights.
+        Args:
+            path: the directory to write (created if missing).
+            state_dict: keys as in ``self.state_dict()``; lets a sharded run (DeepSpeed ZeRO-3) pass its
+                gathered weights (default: this model's).
+            **hf_kwargs: passed to the base model's ``save_pretrained`` (``safe_serialization``, ...).
+
+        Example:
+            ``AutoModelForCausalLM`` loads the directory as the trained model's next-token predictor:
+
+            >>> import os, tempfile, torch
+            >>> from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+            >>> from rpt.model import RPTForCausalLM
+            >>> _ = torch.manual_seed(0)
+            >>> base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+            ...                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+            >>> model = RPTForCausalLM.from_base(base, window=2)
+            >>> path = tempfile.mkdtemp()
+            >>> model.save_pretrained(path)
+            >>> sorted(os.listdir(path))
+            ['config.json', 'custom_generate', 'generation_config.json', 'model.safetensors', 'rpt_config.json', 'rpt_table']
+            >>> ids = torch.tensor([[1, 2, 3]])
+            >>> torch.allclose(AutoModelForCausalLM.from_pretrained(path)(ids).logits, model(ids).logits)
+            True
         """
         os.makedirs(path, exist_ok=True)
         if state_dict is None:

@@ -1,29 +1,29 @@
 """Sampling: the config, the RPT decoders, the LZ penalty, the standard penalties and warpers, token healing.
 
-Modules: :mod:`~rpt.sampling.algorithm` (RPT stated once), :mod:`~rpt.sampling.fast_decoder`
-(``generate``: batched, on a KV cache, driven per row by :mod:`~rpt.sampling.decoder`; plain NTP
-through :mod:`~rpt.sampling.ntp_path`, all rows as tensors, the common steps of greedy RPT and
-sampled k = 1 RPT through :mod:`~rpt.sampling.rpt_path`; both steps functions of the
-:mod:`~rpt.sampling.decode_state`, pooled for compiled decodes by :mod:`~rpt.sampling.decode_buffers`),
+Modules: :mod:`~rpt.sampling.algorithm` (RPT stated once), :mod:`~rpt.sampling.decode.generate`
+(``generate``: batched, on a KV cache, driven per row by :mod:`~rpt.sampling.decode.driver`; plain NTP
+through :mod:`~rpt.sampling.decode.ntp_path`, all rows as tensors, the common steps of greedy RPT and
+sampled k = 1 RPT through :mod:`~rpt.sampling.decode.rpt_path`; both steps functions of the
+:mod:`~rpt.sampling.decode.state`, pooled for compiled decodes by :mod:`~rpt.sampling.decode.buffers`),
 :mod:`~rpt.sampling.reference` (``generate_reference``: uncached, the oracle),
 :mod:`~rpt.sampling.proposals` and :mod:`~rpt.sampling.randomness` (the proposal rules and
 position-keyed draws both decoders share), :mod:`~rpt.sampling.prompts`, :mod:`~rpt.sampling.output`,
-:mod:`~rpt.sampling.streaming`, :mod:`~rpt.sampling.stopping`, :mod:`~rpt.sampling.texts` (prompts
-in, texts out), the LZ penalty (:mod:`~rpt.sampling.lz`, its definition), the processors and the
+:mod:`~rpt.sampling.text.token_stream`, :mod:`~rpt.sampling.text.stopping`, :mod:`~rpt.sampling.text.complete` (prompts
+in, texts out), the LZ penalty (:mod:`~rpt.sampling.lz.definition`, its definition), the processors and the
 loaders.
 """
 
 import importlib
 
 # Each public name -> the module that defines it, imported on first use (PEP 562): importing
-# rpt.sampling.cli or .config for a script's --help must not load torch and transformers (~3 s).
+# rpt.sampling.flags or .config for a script's --help must not load torch and transformers (~3 s).
 _WHERE = {
     "SamplingConfig": "config",
-    "generate": "fast_decoder",
-    "HealedPrompt": "healing", "TokenHealingLogitsProcessor": "healing", "TokenVocabulary": "healing",
-    "heal_prompt": "healing", "heal_prompts": "healing",
-    "LZMatchTracker": "lz_incremental", "LZPenaltyLogitsProcessor": "lz_processor", "lz_match_costs": "lz",
-    "lz_match_lengths": "lz", "lz_penalty": "lz",
+    "generate": "decode.generate",
+    "HealedPrompt": "text.healing", "TokenHealingLogitsProcessor": "text.healing", "TokenVocabulary": "text.healing",
+    "heal_prompt": "text.healing", "heal_prompts": "text.healing",
+    "LZMatchTracker": "lz.incremental", "LZPenaltyLogitsProcessor": "lz.processor", "lz_match_costs": "lz.definition",
+    "lz_match_lengths": "lz.definition", "lz_penalty": "lz.definition",
     "GenerateOutput": "output",
     "FrequencyPresencePenaltyLogitsProcessor": "processors", "build_logits_processors": "processors",
     "penalty_processors": "processors", "warper_processors": "processors",

@@ -11,7 +11,7 @@ list of requests and is sent back their answers, in order:
 each given the row's tokens *at the time of the yield*; ``it`` and the lag key the draw
 (:mod:`rpt.sampling.randomness`), so the answer does not depend on who computes it or when. The
 reference decoder (:mod:`rpt.sampling.reference`) answers each request with one uncached model call;
-the fast decoder (:mod:`rpt.sampling.decoder`) batches the requests of all rows into one call
+the fast decoder (:mod:`rpt.sampling.decode.driver`) batches the requests of all rows into one call
 on a KV cache and answers NTP requests from logits it already has when the prefix is unchanged.
 
 For each new position t (0-based, prompt ``x_<P``):
@@ -25,7 +25,7 @@ For each new position t (0-based, prompt ``x_<P``):
    fresh draw from the same conditional). Iterations stop early only when both proposals are
    deterministic (greedy NTP, greedy PTP) and the sweep changed nothing: every further iteration
    would repeat it exactly.
-3. The row stops on EOS or a stop string (:class:`~rpt.sampling.stopping.StopChecker`) once t has
+3. The row stops on EOS or a stop string (:class:`~rpt.sampling.text.stopping.StopChecker`) once t has
    settled; tokens older than the window are final and go to the streamer.
 
 Within a sweep, the proposals for all remaining window positions are requested together (given the
@@ -39,9 +39,9 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from rpt.sampling.healing import HealingFrontier, TokenVocabulary
-from rpt.sampling.stopping import StopChecker
-from rpt.sampling.streaming import FrozenStream
+from rpt.sampling.text.healing import HealingFrontier, TokenVocabulary
+from rpt.sampling.text.stopping import StopChecker
+from rpt.sampling.text.token_stream import FrozenStream
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def decode_row(row: Row, plan: Plan, start: int | None = None) -> Program:
     """A prompt's whole decode: NTP proposal, RPT iterations, stop checks, position after position.
 
     ``start``: resume at that position, the row holding its settled tokens before it (a driver that
-    ran the earlier positions itself, :mod:`rpt.sampling.rpt_path`); default the prompt's end."""
+    ran the earlier positions itself, :mod:`rpt.sampling.decode.rpt_path`); default the prompt's end."""
     budget = plan.max_new if row.max_new is None else row.max_new
     for t in range(row.prompt_length if start is None else start, row.prompt_length + budget):
         (token,) = yield [NTPRequest(t, 0)]

@@ -27,7 +27,7 @@ _INT_RULES = (  # one rule per field
     (("rpt_window",), 2, "RPT revisits at least one previous token: use an integer >= 2 (2 or 3)"),
     (("top_k", "rpt_iters"), 0, "use an integer >= 0 (0 turns it off)"),
 )
-# The LZ window and match lengths are allocated as [W] / [B + 1, W] tensors (rpt/sampling/lz.py): a
+# The LZ window and match lengths are allocated as [W] / [B + 1, W] tensors (rpt/sampling/lz/definition.py): a
 # typo like 10**12 must be one error, not an allocation failure. 65536 tokens covers any context
 # this sampler decodes; the reference penalizer uses 512 and 32.
 _INT_MAXIMA = {"lz_window": 65536, "lz_buffer": 256}
@@ -62,7 +62,42 @@ _STAND_IN = {"temperature": 0.5, "top_p": 0.5, "min_p": 0.5, "confidence": 0.5, 
 
 @dataclass
 class SamplingConfig:
-    """Decoding knobs; invalid values raise ``ValueError`` at construction (and on ``validate()``)."""
+    """Decoding knobs, validated at construction (and on :meth:`validate`); the defaults are greedy NTP.
+
+    Args:
+        max_new_tokens: tokens to generate per row (fewer when the context runs out).
+        temperature, top_k, top_p, min_p: the warpers; ``temperature=0`` is greedy, ``top_k=0``,
+            ``top_p=1`` and ``min_p=0`` are off.
+        rpt_iters: RPT iterations ``k`` per new token; 0 is plain NTP sampling.
+        rpt_window: ``w``, the tokens each iteration revisits (2 or 3, at most the trained window).
+        ptp_greedy: take the PTP proposal's argmax (else sample it).
+        confidence: ``eta``; a PTP proposal replaces a token when its probability exceeds it.
+        repetition_penalty, frequency_penalty, presence_penalty: CTRL's (1 is off) and OpenAI's (0 is
+            off) penalties.
+        lz_penalty, lz_window, lz_buffer, lz_include_prompt, lz_variant: the LZ penalty's ``alpha``
+            (0 is off, the paper uses 0.15), window, look-ahead buffer, whether the window covers the
+            prompt, and which reference version (``"codelength"`` or ``"closest_longest"``).
+        penalize_ptp: a PTP proposal for ``x_j`` gets the processors NTP had at position ``j``.
+        token_healing: back the prompt up over its last tokens where a vocabulary token spans its end, and
+            make the first new tokens re-spell the removed bytes (:mod:`rpt.sampling.text.healing`).
+        stop: strings that end a row (needs the tokenizer).
+        eos_token_id: an id or list of ids; ``None`` the model's and the tokenizer's; ``[]`` never.
+        seed: keys every random draw (``None``: fresh draws).
+
+    Raises:
+        ValueError: one line naming the first invalid field and the fix.
+
+    Example:
+        >>> from rpt.sampling import SamplingConfig
+        >>> config = SamplingConfig(max_new_tokens=64, rpt_iters=1, rpt_window=2, temperature=0.8,
+        ...                         lz_penalty=0.15, seed=0)
+        >>> config.greedy, config.repetition_penalty
+        (False, 1.0)
+        >>> SamplingConfig(top_p=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: SamplingConfig.top_p=0.0 is invalid: use a value in (0, 1]; 1 turns top-p off
+    """
 
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0 = greedy
@@ -80,7 +115,7 @@ class SamplingConfig:
     lz_window: int = 512
     lz_buffer: int = 32
     lz_include_prompt: bool = False  # window over generated tokens only, as the reference penalizer
-    lz_variant: str = "codelength"  # or "closest_longest": the two reference versions (rpt/sampling/lz.py)
+    lz_variant: str = "codelength"  # or "closest_longest": the two reference versions (rpt/sampling/lz/definition.py)
     penalize_ptp: bool = True  # PTP proposals for x_j get the processors NTP had at position j
     token_healing: bool = False
     stop: list[str] = field(default_factory=list)

@@ -3,7 +3,7 @@
 Every knob shared by ``sample.py``, ``eval/humaneval.py``, ``eval/mbpp.py``, ``eval/gsm8k.py`` and
 ``eval/table1.py`` (one ``argparse`` destination, or an alias in :data:`ALIASES`) has one default
 everywhere, except the knobs of :data:`DIFFERENCES`: there each entry point's default is listed and
-the reason is appended to the flag's ``--help`` (:func:`explain_defaults`). ``tests/test_entry_defaults.py``
+the reason is appended to the flag's ``--help`` (:func:`explain_defaults`). ``tests/sampling/test_entry_defaults.py``
 parses every entry point's parser and fails on a difference this table does not state.
 """
 

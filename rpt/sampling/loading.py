@@ -13,8 +13,8 @@ import torch
 from rpt.checkpoint.model_ref import resolve_model_ref
 from rpt.checkpoint.rpt_config import RPTConfig, check_rpt_objective, check_window_covers, read_rpt_config
 from rpt.model.wrapper import RPT_CONFIG_NAME, RPTForCausalLM, load_causal_lm
-from rpt.sampling.chat import template_file_problem
 from rpt.sampling.config import SamplingConfig
+from rpt.sampling.text.chat import template_file_problem
 
 
 def _first_line(e: Exception) -> str:

@@ -5,7 +5,7 @@ Order (``build_logits_processors``), each step seeing the previous one's output:
 1. token healing (optional, first so that truncation below only ranks tokens it allows);
 2. penalties: repetition (CTRL form: :math:`\ell_v / r` if :math:`\ell_v > 0` else :math:`\ell_v r`,
    for every v in the context; Hugging Face's processor), frequency and presence (OpenAI form over
-   generated tokens: :math:`\ell_v - f\,n_v - p\,[n_v > 0]`), LZ (:mod:`rpt.sampling.lz`);
+   generated tokens: :math:`\ell_v - f\,n_v - p\,[n_v > 0]`), LZ (:mod:`rpt.sampling.lz.definition`);
 3. warpers: temperature, top-k, top-p, min-p (Hugging Face's), skipped when temperature == 0
    (greedy: the argmax of the penalised logits).
 
@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from rpt.sampling.config import TENSOR_KNOBS, SamplingConfig
-from rpt.sampling.lz_processor import LZPenaltyLogitsProcessor
+from rpt.sampling.lz.processor import LZPenaltyLogitsProcessor
 
 Columns = int | torch.Tensor
 
@@ -143,7 +143,7 @@ def warper_processors(config: SamplingConfig, knobs: torch.Tensor | None = None)
 
 def caches_at_first_use(config: SamplingConfig) -> bool:
     """Whether a processor of ``config`` fills a module-level cache at its first use (the LZ penalty's
-    cost tables, :func:`rpt.sampling.lz.cost_table`): a compiled step must then run its proposals once
+    cost tables, :func:`rpt.sampling.lz.definition.cost_table`): a compiled step must then run its proposals once
     eagerly before tracing them (a cache filled while tracing changes a global dynamo guards on)."""
     return config.lz_penalty != 0
 
@@ -169,7 +169,7 @@ def build_logits_processors(
         include_warpers: False gives the post-penalty, pre-temperature distribution that the RPT
             confidence test reads.
         pad_length: leading left-padding columns per row, ignored by every penalty.
-        healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, applied first.
+        healing: a :class:`~rpt.sampling.text.healing.TokenHealingLogitsProcessor`, applied first.
         inplace: the caller's logits may be overwritten (default; saves a ``[batch, V]`` copy in the
             LZ processor); pass False under ``generate(output_logits=True)`` to record raw logits.
         knobs: a compiled step's knob tensor (module docstring), or None.

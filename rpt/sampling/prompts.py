@@ -11,7 +11,7 @@ from rpt.checkpoint.rpt_config import check_rpt_objective, check_window_covers
 from rpt.model import RPTForCausalLM
 from rpt.model.architectures import hf_model, position_refusal
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.healing import TokenVocabulary, heal_prompt
+from rpt.sampling.text.healing import TokenVocabulary, heal_prompt
 
 
 @dataclass

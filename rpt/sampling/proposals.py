@@ -24,8 +24,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rpt.sampling.config import TENSOR_KNOBS, SamplingConfig
+from rpt.sampling.decode.proposal_layout import ProposalLayout
 from rpt.sampling.processors import build_logits_processors, penalty_processors, warper_processors
-from rpt.sampling.proposal_layout import ProposalLayout
 from rpt.sampling.randomness import NTP, inverse_cdf, uniforms
 
 
@@ -62,7 +62,7 @@ def first_argmax(scores: torch.Tensor) -> torch.Tensor:
 def apply(procs: LogitsProcessorList, context: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     """``procs(context, scores)`` for processors that take those two arguments (all of ours): a plain
     loop, because ``LogitsProcessorList.__call__`` reads each processor's ``inspect.signature``, which
-    dynamo cannot trace (a graph break inside the compiled step, :mod:`rpt.sampling.compiled_ntp`)."""
+    dynamo cannot trace (a graph break inside the compiled step, :mod:`rpt.sampling.decode.ntp_path`)."""
     for proc in procs:
         scores = proc(context, scores)
     return scores
@@ -99,7 +99,7 @@ class Proposer:
         config: the sampling knobs.
         prompt_length, pad_length: column conventions of the processors
             (:mod:`rpt.sampling.processors`) for the contexts the caller passes.
-        healing: a :class:`~rpt.sampling.healing.TokenHealingLogitsProcessor`, or None.
+        healing: a :class:`~rpt.sampling.text.healing.TokenHealingLogitsProcessor`, or None.
         seeds: ``[batch]`` row seeds (int64, on the logits' device).
         knobs: a compiled step's knob tensor (:meth:`SamplingConfig.traced`, :mod:`rpt.sampling.processors`):
             the float knobs read from it, ``config`` naming which processors exist; None: the config's.
@@ -146,7 +146,7 @@ class Proposer:
 @dataclass
 class CallProposals:
     """Every proposal of one decoder call, unpacked (:func:`call_proposals`): the common step reads its
-    parts as ``[batch]`` tensors (:mod:`rpt.sampling.step_events`), the host their packed columns."""
+    parts as ``[batch]`` tensors (:func:`rpt.sampling.decode.rpt_path.settle_flags`), the host their packed columns."""
 
     bad: torch.Tensor  # [batch] bool: the row's logits hold NaN / inf
     top: torch.Tensor | None  # [batch, draws]: NTP draws for column n + 1 (keep_top)
@@ -172,8 +172,8 @@ def call_proposals(contexts, logits: torch.Tensor, n, position, fed: torch.Tenso
     over ``x_{< n-l}``, keyed by iteration ``its[i]``.
 
     ``logits``: ``[batch, K, V]``, one query per proposal kind in that order; ``position``: each row's
-    position of column n; ``contexts``: :class:`~rpt.sampling.contexts.GrowingContexts` (eager) or
-    :class:`~rpt.sampling.contexts.RotatedContexts` (fixed width, inside ``torch.compile``); ``valid``:
+    position of column n; ``contexts``: :class:`~rpt.sampling.decode.contexts.GrowingContexts` (eager) or
+    :class:`~rpt.sampling.decode.contexts.RotatedContexts` (fixed width, inside ``torch.compile``); ``valid``:
     per lag, ``[batch]`` bool, whether ``x_{n-l}`` is a generated token (None: all are), where a chain
     reaching into the prompt is computed only to keep one graph for every column: its logits are not
     checked for NaN (its proposals are never read)."""

@@ -20,10 +20,10 @@ import torch
 
 from rpt.sampling.algorithm import NTPRequest, Plan, Row, decode_row
 from rpt.sampling.config import SamplingConfig
-from rpt.sampling.decode_inputs import prepare_decode
-from rpt.sampling.healing import TokenHealingLogitsProcessor
+from rpt.sampling.decode.inputs import prepare_decode
 from rpt.sampling.output import GenerateOutput, assemble
 from rpt.sampling.proposals import Proposer, nonfinite, raise_nonfinite
+from rpt.sampling.text.healing import TokenHealingLogitsProcessor
 
 
 class _UncachedAnswers:
@@ -77,7 +77,7 @@ def generate_reference(model, input_ids: torch.Tensor, config: SamplingConfig, a
                        *, tokenizer=None, streamer=None, row_seeds: list[int] | None = None) -> GenerateOutput:
     """Sample continuations of left-padded ``input_ids`` with RPT, recomputing everything (the oracle).
 
-    Same contract as :func:`rpt.sampling.fast_decoder.generate` (``tokenizer`` is needed for stop
+    Same contract as :func:`rpt.sampling.decode.generate.generate` (``tokenizer`` is needed for stop
     strings and token healing; ``streamer`` receives tokens of a single prompt once they are final;
     ``row_seeds`` keys each row's draws, default ``row_seed(config.seed, b)``, a hash).
     """

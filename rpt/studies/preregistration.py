@@ -1,9 +1,12 @@
-"""The guard of a pre-registered study: its official run happens only on the registered protocol.
+"""The two guards of a pre-registered study: its official run happens only on the registered protocol.
 
-A :class:`Registration` names the pre-registration document, the commit that registered it, and the
-protocol files the run reads (configs). :func:`check_preregistered` compares file *contents* (bytes read
-from disk and blobs read from git's object store, never ``git status``, which ``git update-index
---assume-unchanged`` or ``--skip-worktree`` can blind) and passes only when:
+Both compare file *contents* (bytes read from disk and blobs read from git's object store, never
+``git status``, which ``git update-index --assume-unchanged`` or ``--skip-worktree`` can blind) and
+refuse with :class:`NotPreregistered` (one line).
+
+**Against a named registration commit** (:func:`check_preregistered`; the agreement study). A
+:class:`Registration` names the pre-registration document, the commit that registered it, and the
+protocol files the run reads (configs). The check passes only when:
 
 1. every file (document and protocol) in the working tree is byte-identical to its blob at ``HEAD``
    (an uncommitted or staged edit, hidden from ``git status`` or not, is refused);
@@ -15,8 +18,15 @@ from disk and blobs read from git's object store, never ``git status``, which ``
    recorded in the returned record (``added_after_registration``), so the results say what was added;
    a removed key is a changed field. Any other file must be byte-identical to its registered blob.
 
+**Before the official result** (:func:`check_before_result`; the scaling study). Each protocol file's
+bytes, as they are in the work tree now, must be the file's content in some commit that is an ancestor
+of HEAD (its *registration commit*: the first such commit), and every registration commit must precede
+the first commit that added the official result (if one was committed): a protocol changed after the
+result, or never committed, or edited in the work tree, is refused. The comparison is git's own blob
+id (``git hash-object``), so line endings and every byte count.
+
 Where the guarantee stops: a protocol file must be listed to be guarded (a ``base:`` chain's files
-too), and code is guarded only by the commit the results record, not by this check.
+too), and code is guarded only by the commit the results record (:func:`code_commit`), not by a check.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,3 +145,56 @@ def check_preregistered(root: str | Path, registration: Registration) -> dict:
             raise refuse(f"{path} changed registered fields since the registration: {', '.join(changed)}")
         protocol[path] = {"sha256": _sha(cur), "registered_sha256": _sha(reg), "added_after_registration": added}
     return {"path": doc, "sha256": _sha(at_head), "commit": full, "head": head, "protocol": protocol}
+
+
+# ---- before the official result -------------------------------------------------------------------
+def _registration_commit(root: Path, path: str, fix: str) -> str:
+    """The first commit in HEAD's history whose ``path`` has the work tree's bytes."""
+    if not (root / path).is_file():
+        raise NotPreregistered(f"{path} does not exist: {fix}")
+    blob = _git(root, "hash-object", "--", path)
+    if blob.returncode != 0:
+        raise NotPreregistered(f"cannot read {path} with git ({blob.stderr.strip()}): {fix}")
+    blob_id = blob.stdout.strip()
+    history = _git(root, "log", "--format=%H", "--reverse", "--full-history", "HEAD", "--", path)
+    for commit in history.stdout.split():
+        if _git(root, "rev-parse", f"{commit}:{path}").stdout.strip() == blob_id:
+            return commit
+    raise NotPreregistered(f"{path} as it is now is in no commit of this branch's history (uncommitted or edited): {fix}")
+
+
+def check_before_result(root: str | Path, protocol: Sequence[str], result: str, fix: str) -> dict:
+    """``{path: {"blob": id, "commit": registration commit}}`` for each protocol file, or
+    :class:`NotPreregistered` (one line, ending in ``fix``) when the official run is not allowed."""
+    root = Path(root)
+    if shutil.which("git") is None:
+        raise NotPreregistered(f"the official run needs its pre-registration committed in git, and git is not installed: {fix}")
+    if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:
+        raise NotPreregistered(f"the official run needs its pre-registration committed in git, and {root} is not a git work "
+                      f"tree: {fix}")
+    if _git(root, "rev-parse", "--verify", "-q", "HEAD").returncode != 0:
+        raise NotPreregistered(f"{root} has no commit yet: {fix}")
+    registered = {}
+    for path in protocol:
+        commit = _registration_commit(root, path, fix)
+        registered[path] = {"blob": _git(root, "rev-parse", f"{commit}:{path}").stdout.strip(), "commit": commit}
+    added = _git(root, "log", "--format=%H", "--diff-filter=A", "--reverse", "--full-history", "HEAD", "--", result)
+    first_result = next(iter(added.stdout.split()), None)
+    if first_result is not None:
+        for path, reg in registered.items():
+            before = reg["commit"] != first_result and _git(
+                root, "merge-base", "--is-ancestor", reg["commit"], first_result).returncode == 0
+            if not before:
+                raise NotPreregistered(f"{path} as it is now was committed in {reg['commit'][:10]}, not before the official "
+                              f"result {result} (first committed in {first_result[:10]}): a protocol changed after "
+                              f"its result is not a pre-registration; {fix}")
+    return registered
+
+
+def code_commit(root: str | Path) -> dict:
+    """The commit the code ran at and whether the work tree had uncommitted changes to tracked files."""
+    root = Path(root)
+    head = _git(root, "rev-parse", "HEAD")
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return {"commit": head.stdout.strip() if head.returncode == 0 else None,
+            "uncommitted_changes": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None}

@@ -7,18 +7,15 @@ keys it sets replace the base's. Command-line overrides use dotted keys for nest
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
-import sys
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from rpt.config_errors import ConfigError
+from rpt.errors import ConfigError, DataError
 from rpt.training.config_keys import (
     check_lora_section,
     check_model_keys,
@@ -27,18 +24,43 @@ from rpt.training.config_keys import (
 )
 
 
-def report_input_error(exc: Exception) -> int:
-    """The scripts' answer to bad input: one line on stderr (the traceback only with
-    ``RPT_TRACEBACK=1``); returns the exit code, 2."""
-    if os.environ.get("RPT_TRACEBACK"):
-        traceback.print_exc()
-    message = " ".join(str(exc).split())  # a library's multi-line message (transformers' are) as one line
-    print(f"error: {message} (set RPT_TRACEBACK=1 for the traceback)", file=sys.stderr)
-    return 2
-
-
 @dataclass
 class TrainConfig:
+    """One training run's settings: every field is a config key (docs/training.md lists them all).
+
+    Read one with :func:`load_config` (a YAML file plus ``key=value`` overrides, validated); a
+    ``TrainConfig`` built directly is checked by :func:`validate`. Train it with :func:`rpt.training.loop.run`.
+    The main fields are below; the others (evaluation, saving, precision, compile, LoRA, logging) are
+    described on their own lines.
+
+    Args:
+        model: an HF id, a local path, or a from-config spec ``{"model_type": "llama", ...}``.
+        data, val_data: the text sources (docs/data.md); without ``val_data`` a ``val_fraction`` of the
+            documents is held out.
+        tokenizer: an id or path, ``{"train_bpe": {"vocab_size": N}}``, or ``None`` for the model's.
+        objective, window, s, q: ``"rpt"`` (the permuted-window objective over ``window`` tokens,
+            swap rates ``s`` and ``q``) or ``"ntp"``.
+        seq_len, micro_batch_size, grad_accum, global_batch_size: the batch; ``max_steps``, ``lr`` and
+            the schedule keys the optimisation; ``output_dir`` where the run writes.
+
+    Raises:
+        rpt.errors.ConfigError: from :func:`load_config` / :func:`validate`, one line naming the key and the fix.
+
+    Example:
+        >>> from rpt.training.config import TrainConfig, load_config, validate
+        >>> cfg = TrainConfig(model={"model_type": "llama", "hidden_size": 16}, data={"stdlib": {}},
+        ...                   micro_batch_size=4, grad_accum=2)
+        >>> validate(cfg)
+        >>> cfg.global_batch(processes=2)  # sequences per optimizer step
+        16
+        >>> load_config(overrides=["model=gpt2", "data={stdlib: {}}", "lr=3e-4"]).lr
+        0.0003
+        >>> validate(TrainConfig(model="gpt2", data={"stdlib": {}}, window=1))
+        Traceback (most recent call last):
+        ...
+        rpt.errors.ConfigError: config key 'window' = 1 is invalid: use an integer in [2, 4096] (the paper uses 3)
+    """
+
     # model: an HF id, a local path, or a from-config spec {"model_type": "llama", ...}
     model: Any = None
     init_from: str | None = None  # start from this checkpoint's weights (RPT or plain HF)
@@ -80,7 +102,7 @@ class TrainConfig:
     seed: int = 0
     # how the RPT objective's permutation draws are keyed (rpt.training.step): "sequence" (per sequence of
     # the global batch; the split does not change what is trained) or "micro_batch" (per global
-    # micro-batch, how runs were keyed before: what studies registered then reproduce with); None:
+    # micro-batch: how a checkpoint that records no keying was trained; the registered studies' runs); None:
     # "sequence" for a new run, the checkpoint's keying for a resume
     draws: str | None = None
     precision: str = "fp32"  # fp32 | bf16 | fp16
@@ -124,7 +146,7 @@ CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "report_to": ("none", "wandb", "tensorboard"),
     "compile_backend": ("inductor", "aot_eager", "eager"),
-    "draws": (None, "sequence", "micro_batch"),  # rpt.training.step's DRAWS and LEGACY_DRAWS (tests/test_agreement.py holds them equal)
+    "draws": (None, "sequence", "micro_batch"),  # rpt.training.step's DRAWS and LEGACY_DRAWS (tests/studies/test_agreement.py holds them equal)
     "attn_implementation": (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"),
 }
 
@@ -148,15 +170,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                                         "(which one was meant?)", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors (an unknown flag, a value of the wrong type) are one ``error: ...``
-    line and exit status 2, as every other bad input of the scripts."""
-
-    def error(self, message: str):
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def _load_yaml(path: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -268,8 +281,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("model", "a from-config spec needs model_type (e.g. llama) plus config fields")
     if cfg.data is None:
         raise ConfigError("config key 'data' is missing: e.g. data: {stdlib: {}} or {path: corpus.jsonl}")
-    from rpt.data.errors import DataError  # late: rpt.data's __init__ imports torch
-    from rpt.data.sources import check_sources  # late: as above
+    from rpt.data.sources import check_sources  # late: rpt.data's __init__ imports torch
 
     try:
         check_sources(cfg.data, "data")
@@ -289,7 +301,7 @@ def validate(cfg: TrainConfig) -> None:
         raise bad("attn_implementation", "flash attention with micro_batch_size 1 reads an RPT-permuted sequence as "
                   "packed sequences and cuts attention at every swap; use attn_implementation: sdpa or micro_batch_size >= 2")
     from rpt.checkpoint.rpt_config import (
-        MAX_WINDOW,  # late: rpt.checkpoint.rpt_config imports torch (through rpt.checkpoint.faithful)
+        MAX_WINDOW,  # late: rpt.checkpoint.rpt_config imports torch (through rpt.checkpoint.folded_weights)
     )
 
     if not 2 <= cfg.window <= MAX_WINDOW:

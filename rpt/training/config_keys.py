@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from rpt.config_errors import ConfigError
+from rpt.errors import ConfigError
 
 COMMON_SOURCE_KEYS = {"weight"}
 TEXT_SOURCE_KEYS = {"text_field", "streaming"}

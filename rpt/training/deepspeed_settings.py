@@ -11,18 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.micro_batch import Split
 
 
-def wanted(cfg: TrainConfig, world_size: int) -> dict[str, tuple[Any, str]]:
-    """DeepSpeed key (dotted) -> (value the run's config implies, the config key that sets it)."""
+def wanted(cfg: TrainConfig, split: Split, world_size: int) -> dict[str, tuple[Any, str]]:
+    """DeepSpeed key (dotted) -> (value the run's config and split imply, the config key that sets it)."""
     return {
         "bf16.enabled": (cfg.precision == "bf16", "precision"),
         "fp16.enabled": (cfg.precision == "fp16", "precision"),
         # 0 is DeepSpeed's "no clipping", as max_grad_norm: 0 is ours.
         "gradient_clipping": (float(cfg.max_grad_norm), "max_grad_norm"),
-        "train_micro_batch_size_per_gpu": (cfg.micro_batch_size, "micro_batch_size"),
-        "gradient_accumulation_steps": (cfg.grad_accum, "grad_accum"),
-        "train_batch_size": (cfg.global_batch(world_size), "global_batch_size" if cfg.global_batch_size
+        "train_micro_batch_size_per_gpu": (split.micro, "micro_batch_size"),
+        "gradient_accumulation_steps": (split.accum, "grad_accum"),
+        "train_batch_size": (split.global_batch(world_size), "global_batch_size" if cfg.global_batch_size
                              else "micro_batch_size x grad_accum x processes"),
     }
 
@@ -36,11 +37,11 @@ def _same(have: Any, want: Any) -> bool:
         return False
 
 
-def apply_run_config(ds_config: dict[str, Any], cfg: TrainConfig, world_size: int) -> None:
-    """Set ``ds_config`` (in place) from ``cfg``. accelerate has already filled the ``"auto"``
+def apply_run_config(ds_config: dict[str, Any], cfg: TrainConfig, split: Split, world_size: int) -> None:
+    """Set ``ds_config`` (in place) from ``cfg`` and the run's ``split``. accelerate has already filled the ``"auto"``
     precision and accumulation from the Accelerator's arguments, which come from ``cfg``: a
     value that disagrees was pinned by the JSON file."""
-    for dotted, (want, key) in wanted(cfg, world_size).items():
+    for dotted, (want, key) in wanted(cfg, split, world_size).items():
         section, _, name = dotted.rpartition(".")
         node = ds_config.setdefault(section, {}) if section else ds_config
         have = node.get(name)

@@ -1,13 +1,13 @@
 """The training loop on ``accelerate``: one CPU, one GPU, DDP, or DeepSpeed ZeRO-2/3.
 
-:func:`run` is the loop and only the loop: it builds the run (:mod:`rpt.training.build`), decides
-where it starts (:mod:`rpt.training.resume`, :func:`rpt.training.saving.restore`), then per step
-runs the step (:mod:`rpt.training.step`), logs, evaluates (:mod:`rpt.training.evaluation`) and saves
+:func:`run` is the loop and only the loop: it builds the run (:mod:`rpt.training.setup`), decides
+where it starts (:mod:`rpt.training.run_dir.resume`, :func:`rpt.training.saving.restore`), then per step
+runs the step (:mod:`rpt.training.step`), logs, evaluates (:mod:`rpt.training.validation`) and saves
 (:mod:`rpt.training.saving`) on their own schedules. With a token store (every non-streamed source)
 sample ``i`` of the run is a pure function of the seed (:mod:`rpt.data.packed`) and the step's
 permutations are keyed by place in the global batch (:func:`rpt.training.step.make_batch`): a run
 resumed from ``checkpoint-<t>`` sees exactly the data and permutations the uninterrupted run saw.
-Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.streaming`).
+Streamed data is split by rank and its position saved per rank (:mod:`rpt.data.rank_stream`).
 """
 
 from __future__ import annotations
@@ -22,43 +22,85 @@ from tqdm.auto import tqdm
 
 from rpt.checkpoint.directories import write_json_atomic
 from rpt.data import build_packed, build_tokenizer
-from rpt.data.build import check_vocabulary
+from rpt.data.run_data import check_vocabulary
 from rpt.model.lora import parameter_line
-from rpt.training.build import (
+from rpt.training.compiled_blocks import transformer_blocks
+from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.measure.metrics import (
+    MetricsLog,
+    Throughput,
+    device_peak_flops,
+    flops_per_token,
+    peak_memory_mb,
+)
+from rpt.training.measure.plotting import plot_loss_curves
+from rpt.training.micro_batch import check_split, choose_split
+from rpt.training.run_dir.log import RunLog, step_line, summary_lines
+from rpt.training.run_dir.record import append_segment, write_config_record
+from rpt.training.run_dir.resume import check_same_data, plan_start
+from rpt.training.saving import restore, save_checkpoint, save_final
+from rpt.training.setup import (
     build_model,
     build_optimizer,
     check_backend,
     configure_deepspeed,
+    fit_warmup,
     lr_lambda,
     make_accelerator,
     trained_precision,
     zero_stage,
 )
-from rpt.training.compiled_blocks import transformer_blocks
-from rpt.training.config import ConfigError, TrainConfig
-from rpt.training.evaluation import evaluate
-from rpt.training.metrics import MetricsLog, Throughput, device_peak_flops, flops_per_token, peak_memory_mb
-from rpt.training.micro_batch import check_split
-from rpt.training.plotting import plot_loss_curves
-from rpt.training.resume import check_same_data, plan_start
-from rpt.training.run_log import RunLog, fit_warmup, step_line, summary_lines
-from rpt.training.run_record import append_segment, write_config_record
-from rpt.training.saving import restore, save_checkpoint, save_final
 from rpt.training.step import (
     DRAWS,
     LEGACY_DRAWS,
     LossMeter,
-    choose_split,
     make_batch,
-    split_record,
     stop_if_lock_lost,
     stop_if_not_finite,
     train_step,
 )
+from rpt.training.validation import evaluate
 
 
 def run(cfg: TrainConfig) -> dict[str, Any]:
-    """Train per ``cfg``; returns the last logged metrics. Writes ``cfg.output_dir``."""
+    """Train per ``cfg``, resuming from ``cfg.output_dir``'s latest checkpoint when it holds one (``resume: auto``).
+
+    Args:
+        cfg: the run's settings (:func:`rpt.training.config.load_config`, or a validated ``TrainConfig``).
+
+    Returns:
+        The last logged metrics row: ``step``, ``loss``, ``ntp_loss``, ``ptp_loss_<l>``, ``lr``,
+        ``grad_norm``, ``tokens_per_s``, ``peak_mem_mb``, ``data_position`` and, on evaluation steps,
+        the validation losses. ``cfg.output_dir`` then holds ``final/`` (an RPT checkpoint),
+        ``checkpoint-<step>/``, ``metrics.jsonl``, ``train.log`` and the run's record.
+
+    Raises:
+        rpt.errors.ConfigError: a setting the run cannot use (an ``output_dir`` that is a file, a refused
+            resume, a precision the backend does not train in), before any step.
+
+    Example:
+        Two steps of a 1-layer Llama on a tiny local text file, its tokenizer trained on the file:
+
+        >>> import contextlib, io, os, tempfile
+        >>> from rpt.training.config import TrainConfig, validate
+        >>> from rpt.training.loop import run
+        >>> tmp = tempfile.mkdtemp()
+        >>> corpus = os.path.join(tmp, "corpus.txt")
+        >>> with open(corpus, "w") as f:
+        ...     _ = f.write("def add(a, b):\\n    return a + b\\n" * 50)
+        >>> cfg = TrainConfig(model={"model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
+        ...                          "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2},
+        ...                   tokenizer={"train_bpe": {"vocab_size": 300}}, data={"path": corpus}, val_fraction=0.0,
+        ...                   eval_batches=0, seq_len=16, micro_batch_size=2, max_steps=2, warmup_steps=1, q=0.5,
+        ...                   plot=False, cache_dir=os.path.join(tmp, "cache"), output_dir=os.path.join(tmp, "run"))
+        >>> validate(cfg)
+        >>> with contextlib.redirect_stdout(io.StringIO()):  # the run's summary and step lines
+        ...     metrics = run(cfg)
+        >>> metrics["step"], metrics["loss"] > 0
+        (2, True)
+        >>> sorted(os.listdir(os.path.join(tmp, "run", "final")))[:3]
+        ['config.json', 'custom_generate', 'generation_config.json']
+    """
     from accelerate.utils import set_seed
 
     cfg, warmup_note = fit_warmup(cfg)
@@ -91,17 +133,17 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     flops = flops_per_token(model, cfg.seq_len)  # counted on the bare model, before prepare wraps it
     optimizer = build_optimizer(model, cfg, accelerator.device)
     # Before prepare, which fixes DeepSpeed's micro-batch; the data is built for the split chosen.
-    split = choose_split(cfg, model, accelerator, deepspeed)
-    steps_cfg = dataclasses.replace(cfg, micro_batch_size=split.micro, grad_accum=split.accum)  # the split, as run
+    split = choose_split(cfg, model, accelerator, deepspeed)  # the micro-batch and accumulation, as run
+    global_batch = split.global_batch(world)
     accelerator.gradient_accumulation_steps = split.accum
     with accelerator.main_process_first():  # the main process writes token stores first
-        train = build_packed(steps_cfg, "train", tokenizer, rank, world)
+        train = build_packed(cfg, "train", tokenizer, rank, world, micro_batch_size=split.micro, global_batch=global_batch)
         val = build_packed(cfg, "validation", tokenizer) if cfg.eval_batches > 0 else None
     # the tokens a data_position is a place in (a stream has no key); a resume over other tokens is refused
     data_key = train.data_key() if hasattr(train, "data_key") else None
     check_same_data(start, data_key, train)
     check_vocabulary(model.lm.get_input_embeddings().num_embeddings, train, val)  # before the first step
-    configure_deepspeed(accelerator, steps_cfg, model)
+    configure_deepspeed(accelerator, cfg, split, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     # Built after prepare (ZeRO-3 regroups the parameters) and left unprepared (accelerate would
     # step it once per process); checkpointed as JSON (rpt.checkpoint.directories), never as a pickle.
@@ -116,20 +158,19 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
     peak = device_peak_flops(accelerator.device, ran, cfg.peak_tflops)  # MFU against the dtype that runs
     speed = Throughput(flops, peak * world if peak else None)
 
-    global_batch = steps_cfg.global_batch(world)
     metrics_log = MetricsLog(os.path.join(cfg.output_dir, "metrics.jsonl"))
-    start_step, start_position = restore(accelerator, steps_cfg, start, train, scheduler, metrics_log)
+    start_step, start_position = restore(accelerator, cfg, start, train, scheduler, metrics_log, global_batch)
     run_log = RunLog(cfg.output_dir, enabled=main, resume_step=start_step)
     backend = (f"DeepSpeed ZeRO-{zero_stage(accelerator)}" if deepspeed
                else "DDP" if world > 1 else "single process")
-    run_log.summary(summary_lines(steps_cfg, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
+    run_log.summary(summary_lines(cfg, split, accelerator.unwrap_model(model), device=accelerator.device, precision=ran,
                                   world=world, backend=backend, train=train, val=val, start_step=start_step,
-                                  start_position=start_position, warmup_note=warmup_note, split_note=split.line()))
+                                  start_position=start_position, warmup_note=warmup_note))
     if cfg.report_to != "none":
         accelerator.init_trackers(cfg.project, config=cfg.to_dict(), init_kwargs={"wandb": {"name": cfg.run_name}} if cfg.report_to == "wandb" else {})
-    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_record)
+    if main:  # the run's record: config.yaml once, then one segment per invocation (rpt.training.run_dir.record)
         write_config_record(cfg)
-        append_segment(cfg, start_step, start.changed, start.checkpoint, split=split_record(split, draws))
+        append_segment(cfg, start_step, start.changed, start.checkpoint, split=split.record(draws))
 
     meter = LossMeter(accelerator.unwrap_model(model).window, accelerator.device)
     if not sys.stderr.isatty():  # no bars in a captured log: train.log's lines say the same
@@ -186,7 +227,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
         if saves:
             save_checkpoint(accelerator, cfg, step, position, scheduler, train.state_dict(),
-                            {**split_record(split, draws), **({"data_key": data_key} if data_key else {}),
+                            {**split.record(draws), **({"data_key": data_key} if data_key else {}),
                              **({"data_files": train.stamps()} if hasattr(train, "stamps") else {})})
             speed.restart()
     bar.close()
@@ -209,7 +250,7 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def peak_memory_all_ranks(accelerator) -> float:
-    """The largest peak memory (MB) of any rank since the previous call (rpt.training.metrics)."""
+    """The largest peak memory (MB) of any rank since the previous call (rpt.training.measure.metrics)."""
     mine = torch.tensor(peak_memory_mb(accelerator.device), device=accelerator.device)
     return float(accelerator.reduce(mine, "max"))
 

@@ -20,6 +20,8 @@ considered and tried.
 
 The split does not change what is trained: the objective's draws are keyed per sequence of the global
 batch (``rpt.training.step.make_batch``), and the step's gradient is the mean over the global batch.
+The run holds its config and its :class:`Split` (:func:`choose_split`); the data, DeepSpeed's engine, the
+start-up block, the restore and every checkpoint read the micro-batch and accumulation from the split.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from rpt.training.config import ConfigError, TrainConfig
+from rpt.training.step import trial_step
 
 HEADROOM = 0.10  # of the device's memory left free by the chosen micro-batch's training step
 # The largest micro-batch ``auto`` considers: far above what a device holds of any model worth
@@ -54,6 +58,14 @@ class Split:
 
     def line(self) -> str | None:
         return None if self.how is None else f"micro-batch: auto -> {self.micro}, accumulation {self.accum} ({self.how})"
+
+    def global_batch(self, world: int) -> int:
+        """Sequences per optimizer step over ``world`` processes."""
+        return self.micro * self.accum * world
+
+    def record(self, draws: str) -> dict[str, Any]:
+        """What the run record and every checkpoint say of the split run and the keying of the draws."""
+        return {"micro_batch_size": self.micro, "grad_accum": self.accum, "micro_batch_choice": self.how, "draws": draws}
 
 
 def per_process(cfg: TrainConfig, world: int) -> int:
@@ -277,4 +289,18 @@ def choose(cfg: TrainConfig, world: int, model: torch.nn.Module, device: torch.d
     micro = reduce_min(split.micro)
     if micro != split.micro:  # another rank holds less: its micro-batch, which divides the same share
         split = Split(micro, share // micro, f"{split.how}; {micro}, the smallest over the ranks")
+    return split
+
+
+def choose_split(cfg: TrainConfig, model, accelerator, deepspeed: bool) -> Split:
+    """The run's micro-batch and accumulation (:func:`choose`, trial steps by
+    :func:`rpt.training.step.trial_step`), the same on every rank."""
+    def reduce_min(micro: int) -> int:
+        return -int(accelerator.reduce(torch.tensor(-micro, device=accelerator.device), "max"))
+
+    split = choose(cfg, accelerator.num_processes, model, accelerator.device, deepspeed,
+                   lambda micro: trial_step(model, cfg, micro, accelerator.device, accelerator.autocast), reduce_min)
+    if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and split.micro == 1:
+        raise ConfigError("micro_batch_size: auto chose 1, and flash attention with micro_batch_size 1 reads an "
+                          "RPT-permuted sequence as packed sequences; use attn_implementation: sdpa or gradient_checkpointing")
     return split

@@ -1,4 +1,5 @@
-"""Checks run before any work: output paths, trackers and model references of a run.
+"""Checks run before any work: the output paths (:mod:`rpt.cli.output_paths`), trackers, model references and
+device of a run.
 
 Each problem is one :class:`~rpt.training.config.ConfigError` (``error: ...``, exit 2) naming the key or
 flag and the fix -- raised before a tokenizer is trained, a model loaded or a token generated,
@@ -10,43 +11,9 @@ from __future__ import annotations
 import os
 
 from rpt.checkpoint.model_ref import ModelRefError, resolve_model_ref
+from rpt.cli.devices import check_device
+from rpt.cli.output_paths import check_output
 from rpt.training.config import ConfigError, TrainConfig
-
-
-def _nearest_existing(path: str) -> str:
-    """``path`` or its closest ancestor that exists."""
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
-
-
-def check_output_dir(path: str, what: str) -> None:
-    """``path`` is (or can be created as) a writable directory."""
-    existing = _nearest_existing(path)
-    if existing == os.path.abspath(path) and not os.path.isdir(existing):
-        raise ConfigError(f"{what} {path!r} is a file, not a directory; choose another path or move the file")
-    if not os.path.isdir(existing):
-        raise ConfigError(f"{what} {path!r} cannot be created: {existing!r} is a file; choose another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path!r} is not writable ({existing!r} does not allow writing); choose a "
-                          "directory you can write to")
-
-
-def check_output_file(path: str, what: str) -> None:
-    """``path`` can be written as a file: its directory exists and is writable, and it is no directory."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{what} {path!r} is a directory; give a file name (e.g. {os.path.join(path, 'out.jsonl')})")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} does not exist; "
-                          f"create it first (mkdir -p {os.path.dirname(path)})")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path!r}: the directory {os.path.dirname(path) or '.'!r} is not writable; "
-                          "choose another path")
 
 
 def check_tracker(report_to: str) -> None:
@@ -79,8 +46,8 @@ def model_refs(cfg: TrainConfig) -> list[tuple[str, str, str]]:
 
 def check_train_inputs(cfg: TrainConfig) -> None:
     """Everything a run needs that a config's validation cannot see: paths and packages."""
-    check_output_dir(cfg.output_dir, "config key 'output_dir'")
-    check_output_dir(cfg.cache_dir, "config key 'cache_dir'")
+    check_output(cfg.output_dir, "config key 'output_dir'", ConfigError, directory=True)
+    check_output(cfg.cache_dir, "config key 'cache_dir'", ConfigError, directory=True)
     check_tracker(cfg.report_to)
     check_model_refs(cfg)
     check_model_architecture(cfg)
@@ -151,8 +118,6 @@ def check_train_device(flag: str = "--device") -> None:
         raise ConfigError(f"{flag} {name!r} names the device of a one-process run, but this is process "
                           f"{os.environ.get('RANK', '?')} of {os.environ['WORLD_SIZE']}: each launched process takes its "
                           "own device; leave it out (CUDA_VISIBLE_DEVICES picks the GPUs)")
-    from rpt.devices import check_device  # late: torch, only where a device is named
-
     try:
         check_device(name, flag)
     except ValueError as e:

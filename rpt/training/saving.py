@@ -2,7 +2,7 @@
 
 ``checkpoint-<step>/`` holds accelerate's state, the data position (per rank for streams), the
 scheduler as JSON and ``trainer_state.json``, with ``manifest.json`` written last
-(:mod:`rpt.checkpoint.directories`); :func:`restore` loads what :func:`rpt.training.resume.plan_start`
+(:mod:`rpt.checkpoint.directories`); :func:`restore` loads what :func:`rpt.training.run_dir.resume.plan_start`
 already verified. ``final/`` is a loadable RPT checkpoint (or LoRA adapter directory) with the
 tokenizer, the config and the run's segments.
 """
@@ -36,9 +36,9 @@ from rpt.checkpoint.directories import (
 )
 from rpt.model.lora import save_lora_checkpoint
 from rpt.training.config import TrainConfig
-from rpt.training.metrics import MetricsLog
-from rpt.training.resume import Start
-from rpt.training.run_record import copy_segments
+from rpt.training.measure.metrics import MetricsLog
+from rpt.training.run_dir.record import copy_segments
+from rpt.training.run_dir.resume import Start
 
 
 def load_accelerator_state(accelerator, path: str) -> None:
@@ -54,10 +54,11 @@ def load_accelerator_state(accelerator, path: str) -> None:
             raise
 
 
-def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog) -> tuple[int, int]:
+def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metrics_log: MetricsLog,
+            global_batch: int) -> tuple[int, int]:
     """Load the checkpoint ``start`` names (already verified and checked against the config by
-    :func:`rpt.training.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
-    ``(0, 0)``: no checkpoint)."""
+    :func:`rpt.training.run_dir.resume.plan_start`); returns its step and ``data_position`` (samples read so far;
+    ``(0, 0)``: no checkpoint). ``global_batch``: this run's sequences per step, said beside the checkpoint's."""
     path, state = start.checkpoint, start.state
     if not path:
         if accelerator.is_main_process and os.path.exists(metrics_log.path):
@@ -90,7 +91,7 @@ def restore(accelerator, cfg: TrainConfig, start: Start, train, scheduler, metri
     if accelerator.is_main_process:
         metrics_log.truncate_after(step)
         print(f"resumed from {path} at step {step} (data position {position})")
-        old_batch, batch = state.get("global_batch"), cfg.global_batch(accelerator.num_processes)
+        old_batch, batch = state.get("global_batch"), global_batch
         if old_batch is not None and old_batch != batch:
             print(f"the global batch changed from {old_batch} to {batch} samples (world size "
                   f"{state.get('world_size')} -> {accelerator.num_processes}): continuing at sample {position}")

@@ -4,25 +4,22 @@ Each optimiser step consumes one *global batch* of ``micro_batch_size x grad_acc
 chunks (:mod:`rpt.training.micro_batch` splits a ``global_batch_size``), and the permutation of
 sequence ``k`` of the global batch of step ``t`` comes from a generator seeded with ``(seed, t, k)``
 (:func:`make_batch`): a 2-process run, or another micro-batch, sees the same global batch as a
-1-process run with twice the accumulation. (Runs started before that keying seeded global
-micro-batch ``j`` with ``(seed, t, j)``, and resume so: :data:`LEGACY_DRAWS`.) A step reads nothing
+1-process run with twice the accumulation. (:data:`LEGACY_DRAWS` seeds global micro-batch ``j``
+with ``(seed, t, j)``: a checkpoint that records no keying resumes so.) A step reads nothing
 back from the device; :func:`stop_if_not_finite` is the one host read, where a step's result is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
 
 from rpt.checkpoint.directories import latest_checkpoint
 from rpt.model.objective import RPTBatch, make_rpt_batch, ntp_batch
 from rpt.training.compiled_blocks import eager_blocks
-from rpt.training.config import ConfigError, TrainConfig
-from rpt.training.micro_batch import Split
-from rpt.training.micro_batch import choose as choose_micro_batch
-from rpt.training.run_lock import LockLost, lost_reason
+from rpt.training.config import TrainConfig
+from rpt.training.run_dir.lock import LockLost, lost_reason
 
 # How the objective's draws are keyed, recorded in every checkpoint (trainer_state.json "draws"):
 # per sequence of the global batch, so that the micro-batch does not change what is trained; runs
@@ -160,11 +157,6 @@ def stop_if_lock_lost(accelerator, cfg: TrainConfig, step: int, bar=None) -> Non
                        f"{step} (the other one now writes {cfg.output_dir}; its last checkpoint: {kept or 'none'})")
 
 
-def split_record(split: Split, draws: str) -> dict[str, Any]:
-    """What the run record and every checkpoint say of the split run and the keying of the draws."""
-    return {"micro_batch_size": split.micro, "grad_accum": split.accum, "micro_batch_choice": split.how, "draws": draws}
-
-
 def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autocast=contextlib.nullcontext) -> None:
     """A forward and backward of ``micro`` random sequences as a training step runs them (the
     micro-batch search's probe, rpt.training.micro_batch), on the bare model (before ``prepare``) on ``device``
@@ -179,17 +171,3 @@ def trial_step(model, cfg: TrainConfig, micro: int, device: torch.device, autoca
             forward(model, batch).loss.backward()
     finally:
         model.zero_grad(set_to_none=True)
-
-
-def choose_split(cfg: TrainConfig, model, accelerator, deepspeed: bool) -> Split:
-    """The run's micro-batch and accumulation (rpt.training.micro_batch), the same on every rank."""
-    def reduce_min(micro: int) -> int:
-        return -int(accelerator.reduce(torch.tensor(-micro, device=accelerator.device), "max"))
-
-    split = choose_micro_batch(cfg, accelerator.num_processes, model, accelerator.device, deepspeed,
-                               lambda micro: trial_step(model, cfg, micro, accelerator.device, accelerator.autocast),
-                               reduce_min)
-    if cfg.objective == "rpt" and str(cfg.attn_implementation).startswith("flash_attention") and split.micro == 1:
-        raise ConfigError("micro_batch_size: auto chose 1, and flash attention with micro_batch_size 1 reads an "
-                          "RPT-permuted sequence as packed sequences; use attn_implementation: sdpa or gradient_checkpointing")
-    return split

@@ -8,7 +8,7 @@ import torch
 
 from rpt.model import RPTForCausalLM
 from rpt.sampling import SamplingConfig, generate
-from tests.train_helpers import run_train, write_config
+from tests.helpers.train_helpers import run_train, write_config
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,7 @@ import torch
 
 from rpt.integrations.lz_settings import LZSettings
 from rpt.integrations.vllm import LZPenalty, LZPenaltyV1, LZPenaltyV2
-from tests.test_lz_slots import truth  # the HF processor from scratch
+from tests.integrations.test_lz_slots import truth  # the HF processor from scratch
 
 pytestmark = pytest.mark.vllm
 V = 50

@@ -25,7 +25,7 @@ SETTINGS = [(1, 2, 0.3), (1, 3, 0.3), (2, 3, 0.5), (1, 3, 0.9)]
 def save_checkpoint(path) -> str:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.tiny_models import tiny_tokenizer
+    from tests.helpers.tiny_models import tiny_tokenizer
 
     torch.manual_seed(0)
     # head_dim 32 (64 / 2 heads): vLLM's CPU attention takes 32, 64, 80, ...; EOS id 0 in the config and

@@ -19,7 +19,7 @@ import torch
 
 from rpt.model import RPTForCausalLM
 from rpt.sampling import SamplingConfig, generate
-from tests.scripts import ROOT
+from tests.helpers.scripts import ROOT
 from tests.vllm.test_rpt_engine import save_checkpoint
 
 pytestmark = pytest.mark.vllm

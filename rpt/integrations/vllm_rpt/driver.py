@@ -28,7 +28,7 @@ from rpt.integrations.vllm_rpt.codes import chain_ids, chain_rows
 from rpt.integrations.vllm_rpt.settings import RPTSettings
 from rpt.sampling.algorithm import NTPRequest, Plan, PTPRequest, Request, Row, decode_row
 from rpt.sampling.proposals import Proposer, nonfinite
-from rpt.sampling.stopping import StopChecker
+from rpt.sampling.text.stopping import StopChecker
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
-from rpt.checkpoint.faithful import FORMAT_FOLDED
+from rpt.checkpoint.folded_weights import FORMAT_FOLDED
 from rpt.checkpoint.rpt_config import TABLE_KEY, read_offset_table, read_rpt_config
 from rpt.integrations.vllm_rpt.codes import code_tables
 from rpt.integrations.vllm_rpt.internals import check_version

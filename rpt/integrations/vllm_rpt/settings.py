@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rpt.checkpoint.rpt_config import check_window_covers
+from rpt.errors import RPTSettingError
 from rpt.sampling.config import SamplingConfig
 from rpt.sampling.randomness import row_seed
 
@@ -25,10 +26,6 @@ KEYS = ("rpt_iters", "rpt_window", "confidence", "ptp_greedy", "penalize_ptp")
 # Each iteration can cost the request one engine step per token; a typo like 10**9 would pin it forever.
 MAX_ITERS = 16
 _EPS = 1e-5  # vLLM treats a temperature below this as greedy
-
-
-class RPTSettingError(ValueError):
-    """A request's RPT settings cannot be served (the message names the key and the fix)."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ r"""The PTP chains' attention inside a vLLM step, through the layer's own CPU at
 The stock attention call of a layer writes every row's K/V to its slot and attends causally over
 slots, which is right for the NTP rows (the re-fed token and the tail). A chain of lag ``l`` ending
 at the newest position ``n`` must instead see the columns ``0 .. n-l-1`` (before the token it may
-replace) and its own earlier tokens (:mod:`rpt.model_call.visibility`'s rule). After the stock call
+replace) and its own earlier tokens (:mod:`rpt.decode_forward.visibility`'s rule). After the stock call
 the chain's K/V are written again into the slots ``n-l .. n-1``: then a causal read of ``n`` slots
 with the chain's ``l`` queries at the end sees exactly that (query ``m`` reads the slots up to
 ``n - l + m``). The kernel runs once per lag (lags in increasing order: a larger lag overwrites only

@@ -1,0 +1,1 @@
+"""rpt.sampling.text."""

@@ -1,0 +1,1 @@
+"""Degenerate repetition: the detector, the study over samplers and penalties, and its inputs."""
