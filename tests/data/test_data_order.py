@@ -71,8 +71,16 @@ def test_two_ranks_two_workers_split_every_epoch(corpora, tokenizer):
         assert sorted(epoch) == list(range(40)), (e, per_rank)  # the ranks split the documents, no overlap
 
 
-@pytest.mark.parametrize("buffer", [0, 3, 10_000])
-@pytest.mark.parametrize("world, workers, cut", [(1, 2, 25), (1, 2, 50), (1, 0, 47), (1, 1, 30), (2, 2, 25), (2, 2, 9), (2, 1, 13)])
+# Every (world, workers, cut) with a small buffer (3: a part-filled buffer in the saved state); no buffer (0)
+# and one larger than the corpus (10_000) each with 0, 1 and 2 workers, 1 and 2 ranks, a cut within an epoch
+# and one across an epoch's end.
+RESUME_CASES = [*((world, workers, cut, 3) for world, workers, cut in
+                  [(1, 2, 25), (1, 2, 50), (1, 0, 47), (1, 1, 30), (2, 2, 25), (2, 2, 9), (2, 1, 13)]),
+                (1, 0, 47, 0), (1, 2, 50, 0), (2, 1, 13, 0),
+                (1, 0, 47, 10_000), (1, 1, 30, 10_000), (2, 2, 25, 10_000)]
+
+
+@pytest.mark.parametrize("world, workers, cut, buffer", RESUME_CASES)
 def test_resume_continues_exactly(corpora, tokenizer, buffer, world, workers, cut):
     """Cut at micro-batch ``cut`` (epochs are 40 / world documents long per rank), resume, and read on."""
     cfg = config(corpora[4], data_workers=workers, shuffle_buffer=buffer)

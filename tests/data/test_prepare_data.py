@@ -60,16 +60,18 @@ def test_prepare_then_train_reads_the_same_store(tmp_path):
     assert "prepared" not in trained.stdout  # train.py found the stores, nothing tokenised again
 
 
-def test_out_dir_trains_as_a_token_source(tmp_path):
+def test_out_dir_trains_as_a_token_source(tmp_path, capsys):
+    # both scripts' main() in this process: the store and its use are under test, not the process boundary
+    from tests.helpers.inprocess_train import train_main
+
     cfg = corpus_config(tmp_path)
-    res = prepare("--config", cfg, "--out", str(tmp_path / "store"), "--num-proc", "1")
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert f"data: {{tokens: {tmp_path / 'store'}}}" in res.stdout
+    code, stdout, err = prepare_main(capsys, "--config", cfg, "--out", tmp_path / "store", "--num-proc", "1")
+    assert code == 0, err[-2000:]
+    assert f"data: {{tokens: {tmp_path / 'store'}}}" in stdout
     assert sorted(os.listdir(tmp_path / "store")) == ["train", "validation"]
     tokens_cfg = write_config(tmp_path, data={"tokens": str(tmp_path / "store")}, tokenizer=None,
                               max_steps=2, save_every=100, eval_every=2, output_dir=str(tmp_path / "run2"))
-    trained = run_train(tokens_cfg)
-    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert train_main(tokens_cfg) == 0, capsys.readouterr().err[-2000:]
     assert (tmp_path / "run2" / "final").is_dir()
 
 

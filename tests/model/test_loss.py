@@ -37,24 +37,32 @@ def assert_close(ours, ref, rel=1e-4):
         assert (grads_a[name] - grads_b[name]).abs().max() <= rel * scale, name
 
 
-@pytest.mark.parametrize("budget_rows", [None, 7 * MIN_VOCAB_BLOCK, 96])  # None: the default 32 MB budget
-def test_equals_plain_float32_at_llama3_vocabulary(budget_rows):
-    """Several vocabulary blocks (default budget, and 7 x 512 rows' worth), and token blocks too (a
-    budget below one 512-row block for every token)."""
+@pytest.fixture(scope="module")
+def llama3_case():
+    """A tiny Llama with a Llama-3 vocabulary, an RPT batch of 2 x 128 tokens (some ignored), and the
+    plain float32 computation's loss and gradients on it (computed once: no tile budget changes it)."""
     torch.manual_seed(0)
     model = RPTForCausalLM.from_base(tiny_llama(vocab_size=LLAMA3_VOCAB), window=3).train()
     with torch.no_grad():
         model.offset_embedding.weight.normal_(std=0.1)
+    rows = torch.randint(0, LLAMA3_VOCAB, (2, 129), generator=torch.Generator().manual_seed(1))
+    batch = make_rpt_batch(rows, 3, 1.0, 0.2, generator=torch.Generator().manual_seed(2), num_inputs=128)
+    batch.labels[0, :5] = -100  # ignored positions too
+    return model, batch, losses_and_grads(model, batch, False)
+
+
+@pytest.mark.parametrize("budget_rows", [None, 7 * MIN_VOCAB_BLOCK, 96])  # None: the default 32 MB budget
+def test_equals_plain_float32_at_llama3_vocabulary(llama3_case, monkeypatch, budget_rows):
+    """Several vocabulary blocks (default budget, and 7 x 512 rows' worth), and token blocks too (a
+    budget below one 512-row block for every token)."""
+    model, batch, ref = llama3_case
     n = 128
     if budget_rows:
-        model.loss_chunk_bytes = 4 * 2 * n * budget_rows
-    rows = torch.randint(0, LLAMA3_VOCAB, (2, n + 1), generator=torch.Generator().manual_seed(1))
-    batch = make_rpt_batch(rows, 3, 1.0, 0.2, generator=torch.Generator().manual_seed(2), num_inputs=n)
-    batch.labels[0, :5] = -100  # ignored positions too
+        monkeypatch.setattr(model, "loss_chunk_bytes", 4 * 2 * n * budget_rows)
     blocks = plan_blocks(2 * n, LLAMA3_VOCAB, model.loss_chunk_bytes)
     assert blocks.vocab < LLAMA3_VOCAB  # several vocabulary blocks
     assert (blocks.tokens < 2 * n) == (budget_rows == 96)
-    assert_close(losses_and_grads(model, batch, True), losses_and_grads(model, batch, False))
+    assert_close(losses_and_grads(model, batch, True), ref)
 
 
 def test_plan_blocks_fits_the_budget():

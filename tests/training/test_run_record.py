@@ -45,6 +45,15 @@ def finished(tmp_path_factory):
     return cfg, tmp / "run"
 
 
+@pytest.fixture
+def fast_config(finished, tmp_path):
+    """``write_config(tmp_path, **FAST)`` reading the finished run's cache: its tokenizer and token store
+    are built once per module (the same config's data, keyed by its content)."""
+    def make(**overrides) -> str:
+        return write_config(tmp_path, **{**FAST, "cache_dir": str(finished[1].parent / "cache"), **overrides})
+    return make
+
+
 def test_finished_run_rerun_with_another_lr_is_one_line_and_changes_no_byte(finished, capsys):
     cfg, run = finished
     before = record_bytes(run)
@@ -82,8 +91,8 @@ def test_max_steps_at_or_below_the_checkpoint_is_an_error(finished, capsys):
     assert record_bytes(run) == before
 
 
-def test_lowering_max_steps_of_an_interrupted_run_is_an_error(tmp_path, capsys):
-    cfg = write_config(tmp_path, **{**FAST, "max_steps": 6})
+def test_lowering_max_steps_of_an_interrupted_run_is_an_error(tmp_path, fast_config, capsys):
+    cfg = fast_config(max_steps=6)
     assert train_main(cfg) == 0
     cut = tmp_path / "cut"
     os.makedirs(cut)
@@ -93,8 +102,8 @@ def test_lowering_max_steps_of_an_interrupted_run_is_an_error(tmp_path, capsys):
     assert "below the run's max_steps 6" in one_error_line(capsys.readouterr().err)
 
 
-def test_resume_raising_max_steps_continues_exactly_and_records_the_segment(tmp_path):
-    cfg = write_config(tmp_path, **FAST)
+def test_resume_raising_max_steps_continues_exactly_and_records_the_segment(tmp_path, fast_config):
+    cfg = fast_config()
     ref = tmp_path / "ref"
     assert train_main(cfg, f"output_dir={ref}", "max_steps=6") == 0
     run = tmp_path / "run"
@@ -130,9 +139,9 @@ def test_output_dir_naming_a_file_is_one_line(tmp_path, capsys):
     assert "'output_dir'" in one_error_line(capsys.readouterr().err)
 
 
-def test_resume_may_turn_gradient_checkpointing_on_and_records_it(tmp_path):
+def test_resume_may_turn_gradient_checkpointing_on_and_records_it(tmp_path, fast_config):
     """How a step is executed is not what it computes: an OOM on resume is met by checkpointing."""
-    cfg = write_config(tmp_path, **FAST)
+    cfg = fast_config()
     ref = tmp_path / "ref"
     assert train_main(cfg, f"output_dir={ref}", "max_steps=6") == 0
     run = tmp_path / "run"

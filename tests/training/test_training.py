@@ -12,7 +12,7 @@ import yaml
 from rpt.model import RPTForCausalLM
 from rpt.training.config import ConfigError, load_config
 from rpt.training.measure.metrics import read_metrics
-from tests.helpers.inprocess_train import one_error_line
+from tests.helpers.inprocess_train import one_error_line, train_main
 from tests.helpers.train_helpers import MICRO, ROOT, env, free_port, run_train, train_cmd, write_config
 
 
@@ -23,8 +23,7 @@ def losses(run_dir):
 def test_train_end_to_end_writes_everything(tmp_path):
     # tied embeddings, as the demo's configs: final/ must untie them to be faithful (rpt.checkpoint.folded_weights)
     cfg = write_config(tmp_path, plot=True, model={**MICRO["model"], "tie_word_embeddings": True})
-    res = run_train(cfg)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert train_main(cfg) == 0
     run = tmp_path / "run"
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 11))
@@ -63,9 +62,10 @@ def test_train_end_to_end_writes_everything(tmp_path):
 
 # the text variant is slow-marked (20 s): the default suite kills and resumes the token-store run
 @pytest.mark.parametrize("data", [pytest.param("text", marks=pytest.mark.slow), "tokens"])
-def test_killed_run_resumes_exactly(tmp_path, data):
+def test_killed_run_resumes_exactly(tmp_path, data, capsys):
     """Text data (a token store prepared on the fly) and a store named directly ({tokens: DIR},
-    written by prepare_data.py): SIGKILL after checkpoint-20, resume, the same losses."""
+    written by prepare_data.py): SIGKILL after checkpoint-20, resume, the same losses. The killed run is
+    a process of its own; the reference and the resume run in this one."""
     cfg = write_config(tmp_path, max_steps=40, save_every=20, log_every=1, seed=7, eval_every=100, eval_batches=0)
     if data == "tokens":
         import prepare_data
@@ -74,8 +74,7 @@ def test_killed_run_resumes_exactly(tmp_path, data):
         cfg = write_config(tmp_path, max_steps=40, save_every=20, log_every=1, seed=7, eval_every=100, eval_batches=0,
                            data={"tokens": str(tmp_path / "store")}, tokenizer=None)
     ref_dir, cut_dir = tmp_path / "ref", tmp_path / "cut"
-    ref = run_train(cfg, f"output_dir={ref_dir}")
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    assert train_main(cfg, f"output_dir={ref_dir}") == 0
 
     proc = subprocess.Popen(train_cmd(cfg, f"output_dir={cut_dir}"), env=env(), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -88,9 +87,9 @@ def test_killed_run_resumes_exactly(tmp_path, data):
     proc.wait()
     assert not (cut_dir / "final").exists()
 
-    resumed = run_train(cfg, f"output_dir={cut_dir}", "resume=auto")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout
+    capsys.readouterr()
+    assert train_main(cfg, f"output_dir={cut_dir}", "resume=auto") == 0
+    assert "resumed from" in capsys.readouterr().out
     a, b = losses(ref_dir), losses(cut_dir)
     assert sorted(b) == list(range(1, 41))  # rows a killed run logged past step 20 were dropped
     for step in range(21, 41):
@@ -101,14 +100,14 @@ def test_two_process_ddp_matches_single_process(tmp_path):
     pytest.importorskip("accelerate")
     # 3 validation batches on 2 ranks: one rank runs a padding forward
     cfg = write_config(tmp_path, max_steps=4, save_every=100, eval_batches=3, eval_every=4, micro_batch_size=2)
-    single = run_train(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2")
-    assert single.returncode == 0, single.stderr[-3000:]
+    assert train_main(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2") == 0
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     cmd = [accelerate, "launch", "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"),
            "--main_process_port", str(free_port())]
     cmd += train_cmd(cfg, f"output_dir={tmp_path / 'ddp'}")[1:]
     ddp = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "Setting accelerator to CPU" not in ddp.stdout + ddp.stderr  # deepspeed not imported without DeepSpeed
     replicas = json.loads((tmp_path / "ddp" / "replicas.json").read_text())
     assert replicas["world_size"] == 2
     fp = replicas["parameter_fingerprints"]
@@ -254,12 +253,12 @@ def test_flops_per_token_of_a_qwen3_shape_counts_heads_times_head_dim():
     assert flops_per_token(model, T) == pytest.approx(expected, rel=1e-9)  # by hand, exactly
 
 
-def test_warmup_longer_than_the_run_is_shortened_and_train_log_has_a_line_per_logged_step(tmp_path):
+def test_warmup_longer_than_the_run_is_shortened_and_train_log_has_a_line_per_logged_step(tmp_path, capsys):
     cfg = write_config(tmp_path, warmup_steps=30, max_steps=6, log_every=2, eval_every=3, save_every=100)
-    res = run_train(cfg)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "warmup_steps 30 is longer than the run (max_steps 6): warming up over all 6 steps" in res.stdout
-    assert "Setting accelerator to CPU" not in res.stdout + res.stderr  # deepspeed not imported without DeepSpeed
+    capsys.readouterr()
+    assert train_main(cfg) == 0
+    stdout = capsys.readouterr().out
+    assert "warmup_steps 30 is longer than the run (max_steps 6): warming up over all 6 steps" in stdout
     run = tmp_path / "run"
     rows = read_metrics(run / "metrics.jsonl")
     # warmup over all 6 steps: the rate of step t (1-based) is lr * t / 6, the peak at the last step
@@ -277,7 +276,7 @@ def test_warmup_longer_than_the_run_is_shortened_and_train_log_has_a_line_per_lo
     assert f"parameters: {total:,} total, {total:,} trainable" in summary
     assert f"tokens per step: {MICRO['micro_batch_size'] * MICRO['seq_len']:,} " in summary
     assert "device: cpu x 1 process" in summary and "precision fp32" in summary and "start: step 0" in summary
-    assert summary.strip() in res.stdout and res.stdout.index("parameters:") < res.stdout.index("step 2/6")
+    assert summary.strip() in stdout and stdout.index("parameters:") < stdout.index("step 2/6")
 
 
 def _train_main(capsys, *argv):

@@ -10,6 +10,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rpt.model import RPTForCausalLM
+from rpt.model.loss import Blocks, plan_blocks
 from rpt.training.config import TrainConfig
 from rpt.training.measure.gemm_census import GemmCensus
 from rpt.training.measure.step_profile import CATEGORIES, category, profile_steps
@@ -34,19 +35,22 @@ def train_config(objective: str, seq: int) -> TrainConfig:
 
 @pytest.mark.parametrize("objective", ["ntp", "rpt"])
 def test_bf16_step_runs_no_float32_matrix_product(objective):
-    """One bf16-autocast step of a 4-layer Llama, V = 32000, T = 512: every product (the body's, the
-    attention's and the loss head's forward, recomputation and both gradients) takes bf16 operands.
-    The head's weight gradient, 22% of the step's FLOPs here, included."""
-    model = llama(32000, 4, 512)
-    optimizer = build_optimizer(model, train_config(objective, 512))
-    rows = torch.randint(0, 32000, (2, 513), generator=torch.Generator().manual_seed(0))
-    batch = make_batch(train_config(objective, 512), rows, 1, 0)
+    """One bf16-autocast step of a 2-layer grouped-query Llama, V = 8192, T = 128, its loss head in four
+    vocabulary tiles (as a 32000-word head is at T = 512): every product (the body's, the attention's and
+    the loss head's forward, recomputation and both gradients) takes bf16 operands. The head's weight
+    gradient included."""
+    model = llama(8192, 2, 128, hidden=64)  # the head outweighs the body: a head product missed fails the count
+    model.loss_chunk_bytes = 4 * 256 * 2048  # 2048-row tiles of the 256 tokens' logits: the multi-tile path
+    assert plan_blocks(256, 8192, model.loss_chunk_bytes) == Blocks(256, 2048)
+    optimizer = build_optimizer(model, train_config(objective, 128))
+    rows = torch.randint(0, 8192, (2, 129), generator=torch.Generator().manual_seed(0))
+    batch = make_batch(train_config(objective, 128), rows, 1, 0)
     with GemmCensus() as census:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = forward(model, batch)
         out.loss.backward()
         optimizer.step()
-    head = 2 * 1024 * 128 * 32000  # one [tokens, hidden] x [hidden, vocab] product
+    head = 2 * 256 * 64 * 8192  # one [tokens, hidden] x [hidden, vocab] product
     assert census.flops[torch.bfloat16] >= 4 * head  # forward, recomputation, both gradients: all seen
     assert census.share(torch.float32) == 0.0, census.shapes.get(torch.float32)
     assert torch.isfinite(out.loss)

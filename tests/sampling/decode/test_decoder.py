@@ -333,17 +333,24 @@ def check_case(models, case: int) -> tuple[bool, bool]:
     return fast.stats["corrections"] > 0, "eos" in fast.finish_reasons
 
 
+# random_config's cases that together draw every value of every knob (each temperature, top-k, top-p, min-p,
+# confidence, w and k, greedy and sampled PTP, penalize_ptp on and off, each penalty, LZ with the prompt
+# in and out, an EOS id), with two more sampled ones (7: a row stops at its EOS); the other cases of 0-15
+# run with the slow test
+CASES = (0, 3, 4, 6, 7, 11, 13, 15)
+
+
 def test_sampled_generate_equals_reference(models):
-    """16 random configurations (temperature, top-k/p, min-p, every penalty, penalize_ptp, w, k, EOS,
-    ragged batches): the same tokens, reasons and corrections. ``make test-slow`` runs 300."""
-    results = [check_case(models, case) for case in range(16)]
-    assert sum(c for c, _ in results) >= 8 and any(e for _, e in results)
+    """8 random configurations (temperature, top-k/p, min-p, every penalty, penalize_ptp, w, k, EOS,
+    ragged batches): the same tokens, reasons and corrections. ``make test-slow`` runs 308 more."""
+    results = [check_case(models, case) for case in CASES]
+    assert sum(c for c, _ in results) >= len(CASES) // 2 and any(e for _, e in results)
 
 
 @pytest.mark.slow
 def test_sampled_generate_equals_reference_many(models):
-    results = [check_case(models, case) for case in range(16, 316)]
-    assert sum(c for c, _ in results) >= 150
+    results = [check_case(models, case) for case in range(316) if case not in CASES]
+    assert sum(c for c, _ in results) >= 154
 
 
 @pytest.mark.parametrize("window", [2, 3])
@@ -385,7 +392,7 @@ def test_stop_strings_eos_and_token_healing_sampled():
     for b, r in enumerate(rows):
         ids[b, width - len(r):], mask[b, width - len(r):] = torch.tensor(r), 1
     reasons = set()
-    for seed in range(4):
+    for seed in range(2):  # greedy PTP, then sampled PTP
         kw = dict(max_new_tokens=12, rpt_iters=2, rpt_window=3, confidence=0.2, temperature=0.9,
                   ptp_greedy=seed % 2 == 0, token_healing=True, eos_token_id=tok.eos_token_id, seed=seed)
         free = generate(model, ids, SamplingConfig(**kw), mask, tokenizer=tok)
@@ -466,11 +473,14 @@ def test_unknown_attention_implementation_is_a_clear_error():
 
 
 # ---- torch.compile -------------------------------------------------------------------------------
-def compile_case(backend):
+COMPILE_CONFIGS = (SamplingConfig(max_new_tokens=8, rpt_iters=2, rpt_window=2, confidence=0.0),
+                   SamplingConfig(max_new_tokens=8, rpt_iters=1, rpt_window=2, confidence=0.2, temperature=1.0, seed=1))
+
+
+def compile_case(backend, configs=COMPILE_CONFIGS):
     model = rpt_model(2).float()
     ids, mask = prompts(3, seed=12)
-    for cfg in (SamplingConfig(max_new_tokens=8, rpt_iters=2, rpt_window=2, confidence=0.0),
-                SamplingConfig(max_new_tokens=8, rpt_iters=1, rpt_window=2, confidence=0.2, temperature=1.0, seed=1)):
+    for cfg in configs:
         eager = generate(model, ids, cfg, attention_mask=mask)
         compiled = generate(model, ids, cfg, attention_mask=mask, compile=backend)
         assert torch.equal(eager.sequences, compiled.sequences)
@@ -481,7 +491,9 @@ def test_compile_fixed_shapes_trace():
     """The fixed-shape step (bucketed query blocks over the whole cache) traced by dynamo gives the
     eager tokens; ``make test-slow`` also runs the inductor backend (minutes on 2 cores)."""
     torch._dynamo.reset()
-    compile_case("eager")
+    # greedy k = 2 over ragged rows (per-row steps only); sampled k = 1 over 3 ragged rows compiles in
+    # test_compiled_ntp.py's processors test (rpt_iters=1) and test_compiled_rpt.py
+    compile_case("eager", COMPILE_CONFIGS[:1])
 
 
 # slow (15 s): test_compiled_ntp.py's widths-share-one-graph test keeps the guarantee in the default suite

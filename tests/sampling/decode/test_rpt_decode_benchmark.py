@@ -1,7 +1,5 @@
 """``benchmarks/rpt_decode.py``: its bare calls are the samplers' calls, and the script runs end to end."""
 
-import os
-import subprocess
 import sys
 
 import torch
@@ -33,15 +31,17 @@ def test_bare_calls_decode_what_the_decoder_decodes():
     assert torch.equal(fused, expected)
 
 
-def test_script_reports_ratios_calls_and_ceiling():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--new-tokens", "6", "--prompt-tokens", "8", "--repeats", "1", "--batch", "2",
-         "--corrections", "0.5"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+def test_script_reports_ratios_calls_and_ceiling(monkeypatch, capsys):
+    # its main() in this process (a python process more costs ~5 s of imports); it sets torch's threads to 1
+    bench = load_script("benchmarks/rpt_decode.py")
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--new-tokens", "6", "--prompt-tokens", "8", "--repeats", "1",
+                                      "--batch", "2", "--corrections", "0.5"])
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main() == 0
+    finally:
+        torch.set_num_threads(threads)
+    lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if "tokens/s   calls/new token" in line]
     assert len(rows) == 3 and rows[-1].startswith("rpt eta=")  # NTP, RPT, RPT where about half the sweeps accept
     assert all(" first call " in row and "FELL BACK" not in row for row in rows)
