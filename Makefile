@@ -19,7 +19,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q uv
+	$(PY) -m pip install -q --upgrade pip uv
 	@# torch from the folder pip's configuration names (find-links: a machine's local CPU build), through uv
 	@# when there is such a folder, else through pip with its whole configuration.
 	$(PY) -c "import torch" 2>/dev/null || \
@@ -40,9 +40,7 @@ setup: $(VENV)/.installed
 # out of tests half of the other's, so neither idles while one slow test file is left. TEST_WORKERS=0: one
 # process (as a bare `pytest tests/test_x.py` runs).
 TEST_WORKERS ?= 2
-# The tests' processes write .pyc files (Python's default) whatever the calling shell says: some 60 processes
-# import the project and the two workers import the tests, and with PYTHONDONTWRITEBYTECODE each compiles them again.
-PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 test: $(VENV)/.installed
 	$(PYTEST)
 
