@@ -18,16 +18,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-# Under pytest-xdist these multi-process tests (20-50 s each) start first: the last test a worker takes decides when
-# the run ends, and one of them taken last would leave the other core idle meanwhile. No module fixture is shared
-# with them, so moving them costs no set-up twice.
-RUN_FIRST = {
-    "test_compiled_blocks_train_like_eager_and_compile_once",
-    "test_zero3_streaming_recipe",
-    "test_two_process_ddp_matches_single_process",
-    "test_killed_run_resumes_exactly",
-}
 
-
+# Under pytest-xdist the multi-process tests (marked `multiprocess`, 20-50 s each) start first: the last test a worker
+# takes decides when the run ends, and one of them taken last would leave the other core idle meanwhile.
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.originalname not in RUN_FIRST)  # a stable sort: the rest keep their order
+    items.sort(key=lambda item: item.get_closest_marker("multiprocess") is None)  # stable: the rest keep their order

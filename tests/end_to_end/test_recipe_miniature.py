@@ -62,6 +62,7 @@ def test_two_process_ddp_streaming_recipe(tmp_path):
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
 
 
+@pytest.mark.multiprocess
 def test_zero3_streaming_recipe(tmp_path):
     pytest.importorskip("deepspeed")
     # one process has no ranks to reduce across: DeepSpeed's shared-memory kernel (80 CPU-s of g++ on a fresh

@@ -67,8 +67,10 @@ def free_port() -> int:
 def accelerate_cmd(launch_config: str, port: int, config: str, *overrides: str, script: str | None = None) -> list[str]:
     """``accelerate launch`` of train.py (or of ``script``, a stand-in that runs train.py) on ``config``."""
     accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    return [accelerate, "launch", "--config_file", launch_config, "--main_process_port", str(port),
-            script or os.path.join(ROOT, "train.py"), "--config", config, *overrides]
+    run = train_cmd(config, *overrides)[1:]
+    if script:
+        run[0] = script
+    return [accelerate, "launch", "--config_file", launch_config, "--main_process_port", str(port), *run]
 
 
 def run_cmd(cmd: list[str], timeout: int = 400) -> subprocess.CompletedProcess:

@@ -41,19 +41,21 @@ def recompiled(stderr: str) -> bool:
     return "Recompiling function" in stderr
 
 
+@pytest.mark.multiprocess
 def test_compiled_blocks_train_like_eager_and_compile_once(tmp_path):
     """20 steps of the tests' tiny config (inductor), for both objectives: every logged loss within 1e-4
     relative of the eager run, no recompilation over the steps and the evaluation at the end."""
     compiled_env = dict(env(), TORCH_LOGS="recompiles")
+    configs = {}
     for objective in ("rpt", "ntp"):
         (tmp_path / objective).mkdir()
-        write_config(tmp_path / objective, objective=objective, max_steps=20, eval_every=20, eval_batches=2,
-                     save_every=100)
+        configs[objective] = write_config(tmp_path / objective, objective=objective, max_steps=20, eval_every=20,
+                                          eval_batches=2, save_every=100)
 
     def start_compiled(objective):  # a process of its own: dynamo's state and its recompile log are per process
         return subprocess.Popen(
-            train_cmd(str(tmp_path / objective / "config.yaml"), f"output_dir={tmp_path / objective / 'compiled'}",
-                      "compile=true"), env=compiled_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            train_cmd(configs[objective], f"output_dir={tmp_path / objective / 'compiled'}", "compile=true"),
+            env=compiled_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
     def check_compiled(objective, proc):
         stdout, stderr = proc.communicate(timeout=400)
@@ -63,7 +65,7 @@ def test_compiled_blocks_train_like_eager_and_compile_once(tmp_path):
 
     rpt = start_compiled("rpt")
     for objective in ("rpt", "ntp"):  # the eager references in this process meanwhile
-        assert train_main(str(tmp_path / objective / "config.yaml"), f"output_dir={tmp_path / objective / 'eager'}") == 0
+        assert train_main(configs[objective], f"output_dir={tmp_path / objective / 'eager'}") == 0
     check_compiled("rpt", rpt)
     # NTP's run after RPT's: the blocks' graphs are the same, so inductor's on-disk cache hands them over
     # instead of generating and building their C++ kernels again

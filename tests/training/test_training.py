@@ -13,7 +13,17 @@ from rpt.model import RPTForCausalLM
 from rpt.training.config import ConfigError, load_config
 from rpt.training.measure.metrics import read_metrics
 from tests.helpers.inprocess_train import one_error_line, train_main
-from tests.helpers.train_helpers import MICRO, ROOT, env, free_port, run_train, train_cmd, write_config
+from tests.helpers.train_helpers import (
+    MICRO,
+    ROOT,
+    accelerate_cmd,
+    env,
+    free_port,
+    run_cmd,
+    run_train,
+    train_cmd,
+    write_config,
+)
 
 
 def losses(run_dir):
@@ -61,6 +71,7 @@ def test_train_end_to_end_writes_everything(tmp_path):
 
 
 # the text variant is slow-marked (20 s): the default suite kills and resumes the token-store run
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("data", [pytest.param("text", marks=pytest.mark.slow), "tokens"])
 def test_killed_run_resumes_exactly(tmp_path, data, capsys):
     """Text data (a token store prepared on the fly) and a store named directly ({tokens: DIR},
@@ -96,16 +107,14 @@ def test_killed_run_resumes_exactly(tmp_path, data, capsys):
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
 
 
+@pytest.mark.multiprocess
 def test_two_process_ddp_matches_single_process(tmp_path):
     pytest.importorskip("accelerate")
     # 3 validation batches on 2 ranks: one rank runs a padding forward
     cfg = write_config(tmp_path, max_steps=4, save_every=100, eval_batches=3, eval_every=4, micro_batch_size=2)
     assert train_main(cfg, f"output_dir={tmp_path / 'single'}", "grad_accum=2") == 0
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = [accelerate, "launch", "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"),
-           "--main_process_port", str(free_port())]
-    cmd += train_cmd(cfg, f"output_dir={tmp_path / 'ddp'}")[1:]
-    ddp = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    ddp = run_cmd(accelerate_cmd(os.path.join(ROOT, "configs/accelerate/cpu_ddp.yaml"), free_port(), cfg,
+                                 f"output_dir={tmp_path / 'ddp'}"), timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "Setting accelerator to CPU" not in ddp.stdout + ddp.stderr  # deepspeed not imported without DeepSpeed
     replicas = json.loads((tmp_path / "ddp" / "replicas.json").read_text())
